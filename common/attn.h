@@ -1,0 +1,78 @@
+/* common/attn.h: the one interface between the harness and every stage.
+ *
+ * A stage is one kernel file, stages/NN_name/attention.cu, that exports exactly one
+ * descriptor named stage_NN_name (everything else in the file is static). The harness
+ * (common/) owns the problem, the tensors, the workspace, the checks and the timing;
+ * a stage only enqueues kernels. One test binary links every stage and compares them.
+ *
+ * Layouts (row-major, like the models use):
+ *   Q, O, dQ, dO : [B, N_q, H,    d]   16-bit elements (bf16 or fp16)
+ *   K, V, dK, dV : [B, N_k, H_kv, d]   16-bit elements
+ *   L (logsumexp): [B, H, N_q]         fp32, natural log: L_i = m_i + log(l_i), of the scaled scores
+ * Query head h reads key/value head h / (H / H_kv) (GQA; MQA when H_kv = 1).
+ * Causal: key j is visible to query i iff j <= i (top-left aligned, as PyTorch's
+ * is_causal), so with N_q > N_k every row still sees key 0.
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+#define ATTN_EXPORT extern "C"
+extern "C" {
+#else
+#define ATTN_EXPORT
+#endif
+
+typedef enum { ATTN_BF16 = 0, ATTN_FP16 = 1 } attn_dtype;
+typedef enum { ATTN_FORWARD = 0, ATTN_BACKWARD = 1 } attn_dir;
+
+typedef struct {
+    int B, H, H_kv;     /* batch, query heads, key/value heads (H % H_kv == 0) */
+    int N_q, N_k;       /* query and key sequence lengths (>= 1) */
+    int d;              /* head dim */
+    int causal;         /* 0 or 1, see above */
+    float scale;        /* softmax scale, default 1/sqrt(d) */
+    attn_dtype dtype;   /* of Q, K, V, O, dO, dQ, dK, dV */
+    int deterministic;  /* backward: reduce dQ deterministically (stages that offer it) */
+} attn_problem;
+
+/* Device pointers handed to a stage. The harness allocates every one of them. */
+typedef struct {
+    const void *q, *k, *v;
+    void *o;            /* forward writes; backward reads */
+    float *lse;         /* forward writes; backward reads */
+    const void *d_o;    /* backward only: dO */
+    void *dq, *dk, *dv; /* backward only: written (the harness poisons them first) */
+    void *ws;           /* workspace of stage->workspace(p, dir) bytes, 256-byte aligned, */
+    size_t ws_bytes;    /* contents undefined on entry (poisoned by the harness)          */
+} attn_args;
+
+#define ATTN_WHY_LEN 256
+
+typedef struct attn_stage {
+    const char *name;       /* "01_naive": the directory name under stages/ */
+    const char *summary;    /* one line: what this stage teaches */
+    const char *supports;   /* one line: head dims, dtypes, causal, GQA, limits */
+    int min_sm;             /* lowest compute capability x10 it runs on (80, 90) */
+    /* 0 if the stage can run p in direction dir on the current device; otherwise writes
+     * one line (no newline) saying why into why[ATTN_WHY_LEN] and returns non-zero.
+     * The harness checks memory (inputs + workspace vs free GPU memory) itself. */
+    int (*check)(const attn_problem *p, attn_dir dir, char *why);
+    /* bytes of scratch the stage needs for p in direction dir (S and P in stage 1, D in
+     * stage 4, ...); 0 if none. Never cudaMalloc inside forward/backward. */
+    size_t (*workspace)(const attn_problem *p, attn_dir dir);
+    /* Enqueue the work on stream s and return the first launch error (cudaGetLastError
+     * after each launch), cudaSuccess otherwise. No synchronisation needed. */
+    cudaError_t (*forward)(const attn_problem *p, const attn_args *a, cudaStream_t s);
+    cudaError_t (*backward)(const attn_problem *p, const attn_args *a, cudaStream_t s); /* NULL: none */
+} attn_stage;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_H */
