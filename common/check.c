@@ -1,0 +1,230 @@
+/* common/check.c: element-wise comparison against a float64 reference.
+ *
+ * The rule (also in harness.h). u = unit roundoff of the dtype: bf16 2^-8, fp16 2^-11.
+ *   O, dQ, dK, dV: pass iff |x - r| <= c * u * (|r| + max(s, m)), m = the element's term
+ *                  magnitude sqrt(sum of the squared terms summed into it) from the
+ *                  oracle, s = max(RMS r, RMS m) over the checked elements of the tensor;
+ *                  c = 4 for O, 16 for dQ, dK, dV.
+ *   L            : pass iff |x - r| <= c * u * (|r| + 1), c = 2.
+ * x must be finite. Why this shape: storing the result in 16 bits alone costs u*|r|; the
+ * products inside the kernel (P rounded to 16 bits before P V, dS before dS K, ...) add
+ * errors of about u times the size of the terms of each sum, hence the s floor, which
+ * also keeps near-zero elements from demanding impossible relative accuracy. For random
+ * inputs RMS m ~ RMS r; where a sum cancels (dQ = scale sum_j dS_ij K_j with all K_j nearly
+ * equal: sum_j dS_ij = 0) the result is far smaller than its terms and so is RMS r, while
+ * the kernel's error (dS rounded to 16 bits) stays of the size of the terms: m covers it. The
+ * gradients go through two such rounded products, hence the larger c. A correct kernel
+ * sits well inside; an element a few percent off (O), a NaN, or an element never written
+ * (the harness poisons outputs with NaN) fails.
+ * Reported: max abs error, max relative error |x - r| / max(|r|, s), norm-wise error
+ * ||x - r||_2 / ||r||_2 over the checked elements, the count of mismatches and the first
+ * ATTN_NFIRST of them with their (b, n, h, c) index. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "harness.h"
+
+double attn_tol_c(attn_tensor k)
+{
+    switch (k) {
+    case ATTN_T_O: return ATTN_TOL_C_O;
+    case ATTN_T_LSE: return ATTN_TOL_C_LSE;
+    default: return ATTN_TOL_C_GRAD;
+    }
+}
+
+const char *attn_tensor_name(attn_tensor k)
+{
+    static const char *names[] = { "O", "L", "dQ", "dK", "dV" };
+    return (unsigned)k < 5 ? names[k] : "?";
+}
+
+/* Where element e of tensor kind lives: its (b, n, h, c) and its row in the sample masks. */
+typedef struct { int N, heads, d; const unsigned char *mask; int lse; } layout;
+
+static layout layout_of(attn_tensor kind, const attn_problem *p, const attn_sample *s)
+{
+    layout l;
+    l.lse = kind == ATTN_T_LSE;
+    if (kind == ATTN_T_DK || kind == ATTN_T_DV) {
+        l.N = p->N_k; l.heads = p->H_kv; l.d = p->d; l.mask = s ? s->mask_kv : NULL;
+    } else {
+        l.N = p->N_q; l.heads = p->H; l.d = l.lse ? 1 : p->d; l.mask = s ? s->mask_q : NULL;
+    }
+    return l;
+}
+
+static size_t numel_of(attn_tensor kind, const attn_problem *p)
+{
+    if (kind == ATTN_T_LSE) return attn_numel_lse(p);
+    if (kind == ATTN_T_DK || kind == ATTN_T_DV) return attn_numel_kv(p);
+    return attn_numel_q(p);
+}
+
+/* decode element e; returns its mask row */
+static size_t decode(const layout *l, size_t e, int *b, int *n, int *h, int *c)
+{
+    if (l->lse) { /* [B, H, N_q] */
+        *c = 0;
+        *n = (int)(e % l->N);
+        *h = (int)((e / l->N) % l->heads);
+        *b = (int)(e / l->N / l->heads);
+    } else {      /* [B, N, heads, d] */
+        *c = (int)(e % l->d);
+        *h = (int)((e / l->d) % l->heads);
+        *n = (int)((e / l->d / l->heads) % l->N);
+        *b = (int)(e / l->d / l->heads / l->N);
+    }
+    return ((size_t)*b * l->N + *n) * l->heads + *h;
+}
+
+int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
+                 const uint16_t *x16, const float *x32, const double *ref, const double *mag,
+                 const attn_sample *s, double c_scale)
+{
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->u = attn_unit_roundoff(p->dtype);
+    out->c = attn_tol_c(kind) * c_scale;
+    layout l = layout_of(kind, p, s);
+    size_t n = numel_of(kind, p);
+    int b, nn, h, c;
+    double sum_r2 = 0.0, sum_m2 = 0.0;
+    for (size_t e = 0; e < n; e++) {
+        size_t row = decode(&l, e, &b, &nn, &h, &c);
+        if (l.mask && !l.mask[row]) continue;
+        if (isfinite(ref[e])) sum_r2 += ref[e] * ref[e];
+        if (mag && isfinite(mag[e])) sum_m2 += mag[e] * mag[e];
+        out->checked++;
+    }
+    out->rms_ref = out->checked ? sqrt(sum_r2 / (double)out->checked) : 0.0;
+    double rms_m = out->checked ? sqrt(sum_m2 / (double)out->checked) : 0.0;
+    double s_rms = out->rms_ref > rms_m ? out->rms_ref : rms_m;
+    out->s = s_rms;
+    double sum_e2 = 0.0;
+    for (size_t e = 0; e < n; e++) {
+        size_t row = decode(&l, e, &b, &nn, &h, &c);
+        if (l.mask && !l.mask[row]) continue;
+        double x = x32 ? (double)x32[e] : (double)attn_to_f32(x16[e], p->dtype);
+        double r = ref[e];
+        double err = fabs(x - r);
+        double floor = mag && isfinite(mag[e]) && mag[e] > s_rms ? mag[e] : s_rms;
+        double tol = l.lse ? out->c * out->u * (fabs(r) + 1.0) : out->c * out->u * (fabs(r) + floor);
+        int ok = isfinite(x) && isfinite(r) && err <= tol;
+        if (tol > 0 && err / tol > out->worst) out->worst = err / tol;
+        if (!(tol > 0) && err > 0) out->worst = INFINITY;
+        if (!isfinite(x) || !isfinite(r)) err = INFINITY;
+        double denom = fabs(r) > s_rms ? fabs(r) : s_rms;
+        double rel = denom > 0 ? err / denom : (err > 0 ? INFINITY : 0.0);
+        if (l.lse && denom < 1.0) rel = err / (fabs(r) + 1.0);
+        if (err > out->max_abs) out->max_abs = err;
+        if (rel > out->max_rel) out->max_rel = rel;
+        sum_e2 += err * err;
+        if (!ok) {
+            if (out->nfirst < ATTN_NFIRST) {
+                int k = out->nfirst++;
+                out->first[k].b = b; out->first[k].n = nn; out->first[k].h = h; out->first[k].c = c;
+                out->first[k].got = x; out->first[k].want = r;
+            }
+            out->mismatches++;
+        }
+    }
+    out->normwise = sum_r2 > 0 ? sqrt(sum_e2 / sum_r2) : (sum_e2 > 0 ? INFINITY : 0.0);
+    return out->mismatches ? 1 : 0;
+}
+
+int attn_compare_all(attn_cmp *cmp, int *ncmp, const attn_host *a, attn_dir dir,
+                     const attn_ref *r, const attn_sample *s)
+{
+    int fails = 0, k = 0;
+    fails += attn_compare(&cmp[k++], ATTN_T_O, &a->p, a->o, NULL, r->o, r->o_m, s, 1.0);
+    fails += attn_compare(&cmp[k++], ATTN_T_LSE, &a->p, NULL, a->lse, r->lse, NULL, s, 1.0);
+    if (dir == ATTN_BACKWARD && r->dq) {
+        fails += attn_compare(&cmp[k++], ATTN_T_DQ, &a->p, a->dq, NULL, r->dq, r->dq_m, s, 1.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_DK, &a->p, a->dk, NULL, r->dk, r->dk_m, s, 1.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_DV, &a->p, a->dv, NULL, r->dv, r->dv_m, s, 1.0);
+    }
+    *ncmp = k;
+    return fails;
+}
+
+static double *widen16(const uint16_t *x, size_t n, attn_dtype t)
+{
+    double *y = malloc(n * sizeof(double) + 1);
+    if (y)
+        for (size_t i = 0; i < n; i++) y[i] = attn_to_f32(x[i], t);
+    return y;
+}
+
+int attn_compare_stages(attn_cmp *cmp, int *ncmp, const attn_host *a, const attn_host *b,
+                        attn_dir dir, const attn_ref *o)
+{
+    const attn_problem *p = &a->p;
+    attn_ref r = { 0 };
+    size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p), nl = attn_numel_lse(p);
+    r.o = widen16(b->o, nq, p->dtype);
+    r.lse = malloc(nl * sizeof(double) + 1);
+    if (r.lse)
+        for (size_t i = 0; i < nl; i++) r.lse[i] = b->lse[i];
+    if (dir == ATTN_BACKWARD) {
+        r.dq = widen16(b->dq, nq, p->dtype);
+        r.dk = widen16(b->dk, nkv, p->dtype);
+        r.dv = widen16(b->dv, nkv, p->dtype);
+    }
+    int fails;
+    if (!r.o || !r.lse || (dir == ATTN_BACKWARD && (!r.dq || !r.dk || !r.dv))) {
+        *ncmp = 0;
+        fails = -1;
+    } else {
+        /* both sides carry rounding error: twice the tolerance */
+        int k = 0;
+        fails = 0;
+        fails += attn_compare(&cmp[k++], ATTN_T_O, p, a->o, NULL, r.o, o ? o->o_m : NULL, NULL, 2.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_LSE, p, NULL, a->lse, r.lse, NULL, NULL, 2.0);
+        if (dir == ATTN_BACKWARD) {
+            fails += attn_compare(&cmp[k++], ATTN_T_DQ, p, a->dq, NULL, r.dq, o ? o->dq_m : NULL, NULL, 2.0);
+            fails += attn_compare(&cmp[k++], ATTN_T_DK, p, a->dk, NULL, r.dk, o ? o->dk_m : NULL, NULL, 2.0);
+            fails += attn_compare(&cmp[k++], ATTN_T_DV, p, a->dv, NULL, r.dv, o ? o->dv_m : NULL, NULL, 2.0);
+        }
+        *ncmp = k;
+    }
+    attn_ref_free(&r);
+    return fails;
+}
+
+void attn_cmp_print(FILE *f, const attn_cmp *c)
+{
+    const int lse = c->kind == ATTN_T_LSE;
+    fprintf(f, "  %-2s %s  max abs %.2e  max rel %.2e  norm-wise %.2e  worst err/tol %.2f  "
+               "%zu of %zu mismatch%s  (tol %g*u*(|r|+%s), u=%.3g",
+            attn_tensor_name(c->kind), c->mismatches ? "FAIL" : "PASS", c->max_abs, c->max_rel,
+            c->normwise, c->worst, c->mismatches, c->checked, c->mismatches == 1 ? "" : "es", c->c,
+            lse ? "1" : "s", c->u);
+    if (lse) fprintf(f, ")\n");
+    else fprintf(f, ", s=%.3g)\n", c->s);
+    for (int k = 0; k < c->nfirst; k++) {
+        double r = c->first[k].want;
+        double tol = c->c * c->u * (fabs(r) + (lse ? 1.0 : c->s));
+        if (lse)
+            fprintf(f, "     at (b=%d, n=%d, h=%d): got %.6g want %.6g (|err| %.3g > tol %.3g)\n",
+                    c->first[k].b, c->first[k].n, c->first[k].h, c->first[k].got, r,
+                    fabs(c->first[k].got - r), tol);
+        else
+            fprintf(f, "     at (b=%d, n=%d, h=%d, c=%d): got %.6g want %.6g (|err| %.3g > tol %.3g)\n",
+                    c->first[k].b, c->first[k].n, c->first[k].h, c->first[k].c, c->first[k].got, r,
+                    fabs(c->first[k].got - r), tol);
+    }
+}
+
+void attn_cmp_short(char *buf, size_t n, const attn_cmp *c, int nc)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int k = 0; k < nc && used < n; k++) {
+        int w = snprintf(buf + used, n - used, "%s%s max abs %.1e rel %.1e nw %.1e%s",
+                         k ? ", " : "", attn_tensor_name(c[k].kind), c[k].max_abs, c[k].max_rel,
+                         c[k].normwise, c[k].mismatches ? " FAIL" : "");
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+}

@@ -1,0 +1,338 @@
+/* common/cli.c: the program every build/<stage> is: flags, setup, run, check, bench, CSV.
+ * Exit codes: 0 ok, 1 check failed (or the stage failed on the GPU), 2 bad input, shape
+ * refused by the stage, not enough GPU memory, or no GPU. Flags are parsed completely
+ * before any CUDA call, so bad input is reported the same on a machine without a GPU. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "harness.h"
+
+#define MIB (1024.0 * 1024.0)
+
+enum {
+    OPT_BATCH = 256, OPT_HEADS, OPT_KV_HEADS, OPT_SEQLEN, OPT_SEQLEN_Q, OPT_SEQLEN_K, OPT_DIM,
+    OPT_CAUSAL, OPT_DTYPE, OPT_SCALE, OPT_SEED, OPT_CHECK, OPT_BENCH, OPT_BACKWARD,
+    OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP
+};
+
+static const struct option long_opts[] = {
+    { "batch", required_argument, NULL, OPT_BATCH },
+    { "heads", required_argument, NULL, OPT_HEADS },
+    { "kv-heads", required_argument, NULL, OPT_KV_HEADS },
+    { "seqlen", required_argument, NULL, OPT_SEQLEN },
+    { "seqlen-q", required_argument, NULL, OPT_SEQLEN_Q },
+    { "seqlen-k", required_argument, NULL, OPT_SEQLEN_K },
+    { "dim", required_argument, NULL, OPT_DIM },
+    { "causal", no_argument, NULL, OPT_CAUSAL },
+    { "dtype", required_argument, NULL, OPT_DTYPE },
+    { "scale", required_argument, NULL, OPT_SCALE },
+    { "seed", required_argument, NULL, OPT_SEED },
+    { "check", no_argument, NULL, OPT_CHECK },
+    { "bench", no_argument, NULL, OPT_BENCH },
+    { "backward", no_argument, NULL, OPT_BACKWARD },
+    { "deterministic", no_argument, NULL, OPT_DETERMINISTIC },
+    { "csv", required_argument, NULL, OPT_CSV },
+    { "load", required_argument, NULL, OPT_LOAD },
+    { "save", required_argument, NULL, OPT_SAVE },
+    { "help", no_argument, NULL, OPT_HELP },
+    { NULL, 0, NULL, 0 }
+};
+
+void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
+{
+    if (st) fprintf(f, "%s: %s\nsupports: %s\n\n", st->name, st->summary, st->supports);
+    fprintf(f,
+        "usage: %s [flags]\n"
+        "Runs one attention problem on the GPU with fresh random inputs (normal(0,1) from\n"
+        "--seed, rounded to the dtype) and reports correctness and/or time.\n"
+        "\n"
+        "problem (layouts Q,O [B,Nq,H,d], K,V [B,Nk,Hkv,d], L [B,H,Nq]):\n"
+        "  --batch B        batch size (default 2)\n"
+        "  --heads H        query heads (default 4)\n"
+        "  --kv-heads Hkv   key/value heads, must divide H (default H; GQA when < H)\n"
+        "  --seqlen N       query and key length (default 1000)\n"
+        "  --seqlen-q Nq    query length (overrides --seqlen)\n"
+        "  --seqlen-k Nk    key length (overrides --seqlen)\n"
+        "  --dim d          head dim (default 64)\n"
+        "  --causal         causal mask, top-left: key j visible to query i iff j <= i\n"
+        "  --dtype T        bf16 or fp16 (default bf16)\n"
+        "  --scale s        softmax scale (default 1/sqrt(d))\n"
+        "  --seed n         input seed (default 1)\n"
+        "\n"
+        "what to do (default: run once, report nothing but the summary):\n"
+        "  --check          compare with a float64 CPU oracle, element-wise; rows are sampled\n"
+        "                   for big shapes (the output says how many were checked)\n"
+        "  --bench          time the stage call with CUDA events, L2 flushed before each run;\n"
+        "                   prints the median ms and TFLOP/s (FLOPs 4*B*H*Nq*Nk*d, half when\n"
+        "                   causal, 2.5x for the backward)\n"
+        "  --backward       run the backward pass (the forward runs first for O and L; only\n"
+        "                   the backward is checked in full and timed)\n"
+        "  --deterministic  backward: ask for a deterministic dQ reduction (stages that offer it)\n"
+        "\n"
+        "files:\n"
+        "  --csv FILE       append one result row (header written if FILE is new or empty):\n"
+        "                   gpu,stage,direction,dtype,B,H,H_kv,N_q,N_k,d,causal,median_ms,\n"
+        "                   tflops,workspace_bytes,status,note (status ok|refused|failed)\n"
+        "  --load DIR       read q.npy, k.npy, v.npy (and do.npy with --backward), 4-D float32\n"
+        "                   or float16 [B,N,heads,d], instead of random inputs; their shapes\n"
+        "                   override the size flags; values are rounded to --dtype\n"
+        "  --save DIR       write q,k,v,o,lse (and do,dq,dk,dv) .npy files; 16-bit tensors are\n"
+        "                   stored as float32 (exact), lse as float32 [B,H,Nq]\n"
+        "  --help           this text\n"
+        "\n"
+        "exit status: 0 ok, 1 check failed or the stage failed on the GPU, 2 bad input,\n"
+        "shape refused by the stage, not enough GPU memory, or no GPU.\n",
+        prog);
+}
+
+static int parse_pos_int(const char *flag, const char *s, int *out, char *err)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v <= 0 || v > INT_MAX) {
+        snprintf(err, ATTN_MSG_LEN, "--%s: '%s' is not a positive integer (see --help)", flag, s);
+        return 2;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
+{
+    memset(c, 0, sizeof *c);
+    attn_problem_default(&c->p);
+    c->dir = ATTN_FORWARD;
+    c->seed = 1;
+    int kv_set = 0, scale_set = 0, n_set = 0, N = c->p.N_q, nq = 0, nk = 0;
+    const char *dtype = NULL;
+    opterr = 0;
+    optind = 1;
+    for (;;) {
+        int longidx = -1;
+        int o = getopt_long(argc, argv, ":h", long_opts, &longidx);
+        if (o == -1) break;
+        const char *name = longidx >= 0 ? long_opts[longidx].name : "";
+        int rc = 0;
+        char *end;
+        switch (o) {
+        case OPT_BATCH: rc = parse_pos_int(name, optarg, &c->p.B, err); break;
+        case OPT_HEADS: rc = parse_pos_int(name, optarg, &c->p.H, err); break;
+        case OPT_KV_HEADS: rc = parse_pos_int(name, optarg, &c->p.H_kv, err); kv_set = 1; break;
+        case OPT_SEQLEN: rc = parse_pos_int(name, optarg, &N, err); n_set = 1; break;
+        case OPT_SEQLEN_Q: rc = parse_pos_int(name, optarg, &nq, err); c->nq_set = 1; break;
+        case OPT_SEQLEN_K: rc = parse_pos_int(name, optarg, &nk, err); c->nk_set = 1; break;
+        case OPT_DIM: rc = parse_pos_int(name, optarg, &c->p.d, err); break;
+        case OPT_CAUSAL: c->p.causal = 1; break;
+        case OPT_DTYPE: dtype = optarg; break;
+        case OPT_SCALE: {
+            errno = 0;
+            double s = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !isfinite(s) || s <= 0 || s > 3.0e38) {
+                snprintf(err, ATTN_MSG_LEN, "--scale: '%s' is not a positive number (see --help)", optarg);
+                rc = 2;
+            }
+            c->p.scale = (float)s;
+            scale_set = 1;
+            break;
+        }
+        case OPT_SEED: {
+            errno = 0;
+            unsigned long long s = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || optarg[0] == '-') {
+                snprintf(err, ATTN_MSG_LEN, "--seed: '%s' is not a non-negative integer (see --help)", optarg);
+                rc = 2;
+            }
+            c->seed = s;
+            break;
+        }
+        case OPT_CHECK: c->check = 1; break;
+        case OPT_BENCH: c->bench = 1; break;
+        case OPT_BACKWARD: c->dir = ATTN_BACKWARD; break;
+        case OPT_DETERMINISTIC: c->p.deterministic = 1; break;
+        case OPT_CSV: c->csv = optarg; break;
+        case OPT_LOAD: c->load = optarg; break;
+        case OPT_SAVE: c->save = optarg; break;
+        case 'h':
+        case OPT_HELP: c->help = 1; break;
+        case ':':
+            snprintf(err, ATTN_MSG_LEN, "%s needs a value (see --help)", argv[optind - 1]);
+            return 2;
+        default:
+            snprintf(err, ATTN_MSG_LEN, "unknown flag '%s' (see --help)", argv[optind - 1]);
+            return 2;
+        }
+        if (rc) return rc;
+    }
+    if (optind < argc) {
+        snprintf(err, ATTN_MSG_LEN, "unexpected argument '%s' (see --help)", argv[optind]);
+        return 2;
+    }
+    if (c->help) return 0;
+    if (dtype && attn_dtype_parse(dtype, &c->p.dtype)) {
+        snprintf(err, ATTN_MSG_LEN, "--dtype: unknown dtype '%s' (want bf16 or fp16)", dtype);
+        return 2;
+    }
+    (void)n_set;
+    c->p.N_q = c->nq_set ? nq : N;
+    c->p.N_k = c->nk_set ? nk : N;
+    if (!kv_set) c->p.H_kv = c->p.H;
+    if (!scale_set) c->p.scale = (float)(1.0 / sqrt((double)c->p.d));
+    if (attn_problem_validate(&c->p, err)) return 2;
+    c->scale_set = scale_set;
+    return 0;
+}
+
+/* a CSV field: no commas or newlines */
+static void csv_clean(char *dst, size_t n, const char *src)
+{
+    size_t i = 0;
+    for (; src && src[i] && i + 1 < n; i++) {
+        char ch = src[i];
+        dst[i] = (ch == ',' ? ';' : (ch == '\n' || ch == '\r') ? ' ' : ch);
+    }
+    dst[i] = 0;
+}
+
+int attn_csv_append(const char *path, const char *gpu, const char *stage, const attn_problem *p,
+                    attn_dir dir, double median_ms, double tflops, size_t ws_bytes,
+                    const char *status, const char *note)
+{
+    FILE *f = fopen(path, "a");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    if (ftell(f) == 0)
+        fprintf(f, "gpu,stage,direction,dtype,B,H,H_kv,N_q,N_k,d,causal,median_ms,tflops,"
+                   "workspace_bytes,status,note\n");
+    char g[256], n[ATTN_MSG_LEN];
+    csv_clean(g, sizeof g, gpu);
+    for (char *s = g; *s; s++)
+        if (*s == ' ') *s = '-';
+    csv_clean(n, sizeof n, note);
+    char ms[32] = "", tf[32] = "";
+    if (median_ms > 0) {
+        snprintf(ms, sizeof ms, "%.6g", median_ms);
+        snprintf(tf, sizeof tf, "%.6g", tflops);
+    }
+    fprintf(f, "%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%s,%s,%zu,%s,%s\n", g, stage,
+            dir == ATTN_BACKWARD ? "backward" : "forward", attn_dtype_name(p->dtype), p->B, p->H,
+            p->H_kv, p->N_q, p->N_k, p->d, p->causal, ms, tf, ws_bytes, status, n);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static const char *dev_or_none(const attn_run_info *info)
+{
+    return info->device[0] ? info->device : "none";
+}
+
+int attn_main(const attn_stage *st, int argc, char **argv)
+{
+    attn_cli c;
+    char err[ATTN_MSG_LEN] = { 0 };
+    if (attn_parse_args(&c, argc, argv, err)) {
+        fprintf(stderr, "%s: %s\n", st->name, err);
+        return 2;
+    }
+    if (c.help) {
+        attn_print_help(stdout, argv[0], st);
+        return 0;
+    }
+    attn_host t;
+    attn_problem p = c.p;
+    if (c.load) {
+        if (attn_load_dir(c.load, &t, &p, c.dir == ATTN_BACKWARD, err)) {
+            fprintf(stderr, "%s: %s\n", st->name, err);
+            return 2;
+        }
+        if (!c.scale_set) t.p.scale = (float)(1.0 / sqrt((double)t.p.d));
+        p = t.p;
+    } else {
+        if (attn_host_alloc(&t, &p, c.dir == ATTN_BACKWARD)) {
+            fprintf(stderr, "%s: out of host memory for the tensors\n", st->name);
+            return 2;
+        }
+        attn_host_fill(&t, c.seed, ATTN_INPUT_NORMAL);
+    }
+
+    char desc[256];
+    attn_problem_str(&p, st->name, c.dir, desc, sizeof desc);
+    attn_run_opts opts = { c.bench, 0 };
+    attn_run_info info;
+    attn_run_status rs = attn_run(st, &t, c.dir, &opts, &info);
+    if (rs != ATTN_RUN_OK) {
+        fprintf(stderr, "%s: %s\n", st->name, info.why);
+        if (c.csv)
+            attn_csv_append(c.csv, dev_or_none(&info), st->name, &p, c.dir, 0, 0,
+                            info.workspace_bytes, rs == ATTN_RUN_CUDA_ERROR ? "failed" : "refused",
+                            info.why);
+        attn_host_free(&t);
+        return rs == ATTN_RUN_CUDA_ERROR ? 1 : 2;
+    }
+    printf("%s on %s (sm_%d)\n", desc, info.device, info.sm);
+    printf("memory: tensors %.1f MiB; workspace %.1f MiB (L %.1f MiB + stage %.1f MiB); "
+           "cudaMemGetInfo delta %.1f MiB\n", info.tensor_bytes / MIB, info.workspace_bytes / MIB,
+           info.lse_bytes / MIB, info.stage_ws_bytes / MIB, info.memgetinfo_delta / MIB);
+
+    int exit_code = 0;
+    char check_str[ATTN_MSG_LEN] = "not checked (no --check)", fail_note[ATTN_MSG_LEN] = "";
+    if (c.check) {
+        attn_sample s;
+        attn_ref r;
+        attn_sample_choose(&s, &p, c.dir, c.seed);
+        printf("check: %s\n", s.note);
+        if (s.skipped && c.dir == ATTN_BACKWARD) {
+            snprintf(check_str, sizeof check_str, "check SKIPPED (%s)", s.note);
+        } else if (attn_oracle(&t, c.dir, &s, &r)) {
+            snprintf(check_str, sizeof check_str, "check SKIPPED (out of host memory for the oracle)");
+        } else {
+            attn_cmp cmp[5];
+            int nc, fails = attn_compare_all(cmp, &nc, &t, c.dir, &r, &s);
+            for (int i = 0; i < nc; i++) attn_cmp_print(stdout, &cmp[i]);
+            char sh[ATTN_MSG_LEN];
+            attn_cmp_short(sh, sizeof sh, cmp, nc);
+            snprintf(check_str, sizeof check_str, "check %s (%s)", fails ? "FAIL" : "PASS", sh);
+            if (fails) {
+                exit_code = 1;
+                size_t used = 0;
+                used += (size_t)snprintf(fail_note, sizeof fail_note, "check failed:");
+                for (int i = 0; i < nc && used < sizeof fail_note; i++)
+                    if (cmp[i].mismatches)
+                        used += (size_t)snprintf(fail_note + used, sizeof fail_note - used,
+                                                 " %s %zu mismatches", attn_tensor_name(cmp[i].kind),
+                                                 cmp[i].mismatches);
+            }
+            attn_ref_free(&r);
+        }
+        attn_sample_free(&s);
+    }
+    if (c.save) {
+        if (attn_save_dir(c.save, &t, err)) {
+            fprintf(stderr, "%s: %s\n", st->name, err);
+            if (!exit_code) exit_code = 2;
+        } else {
+            printf("saved .npy files to %s\n", c.save);
+        }
+    }
+    char bench_str[128] = "not timed (no --bench)";
+    double tflops = 0;
+    if (c.bench) {
+        tflops = attn_flops(&p, c.dir) / (info.median_ms * 1e-3) / 1e12;
+        snprintf(bench_str, sizeof bench_str, "%.3f ms %.1f TFLOP/s (median of %d)", info.median_ms,
+                 tflops, info.runs);
+    }
+    if (c.csv) {
+        const char *status = exit_code == 1 ? "failed" : "ok";
+        char note[ATTN_MSG_LEN];
+        snprintf(note, sizeof note, "%s", exit_code == 1 ? fail_note : (c.check ? "checked" : ""));
+        if (attn_csv_append(c.csv, info.device, st->name, &p, c.dir, c.bench ? info.median_ms : 0,
+                            tflops, info.workspace_bytes, status, note))
+            fprintf(stderr, "%s: cannot append to %s\n", st->name, c.csv);
+    }
+    printf("%s: %s | %s | workspace %.1f MiB\n", desc, check_str, bench_str,
+           info.workspace_bytes / MIB);
+    attn_host_free(&t);
+    return exit_code;
+}

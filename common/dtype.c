@@ -1,0 +1,102 @@
+/* common/dtype.c: host conversions between float32 and the two 16-bit dtypes (round to
+ * nearest even, like __float2bfloat16_rn / __float2half_rn), and the input PRNG. */
+#include <math.h>
+#include <string.h>
+#include "harness.h"
+
+static uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float attn_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+uint16_t attn_f32_to_bf16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)               /* NaN: keep it a quiet NaN */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    /* add half an ulp of bf16 minus one, plus the lowest kept bit: ties go to even */
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float attn_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0) {                                        /* zero or subnormal: m * 2^-24 */
+        float x = ldexpf((float)m, -24);
+        return sign ? -x : x;
+    }
+    if (e == 31)                                         /* inf or NaN */
+        return bits_f32(sign | 0x7F800000u | (m << 13));
+    return bits_f32(sign | ((e + 112u) << 23) | (m << 13)); /* rebias 15 -> 127 */
+}
+
+uint16_t attn_f32_to_f16(float f)
+{
+    uint32_t u = f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return sign | 0x7E00u;          /* NaN */
+    if (a >= 0x477FF000u) return sign | 0x7C00u;         /* >= 65520 rounds to inf */
+    if (a < 0x38800000u) {                               /* below 2^-14: subnormal */
+        if (a < 0x33000000u) return sign;                /* below 2^-25: rounds to 0 */
+        uint32_t e = a >> 23, m = (a & 0x7FFFFFu) | 0x800000u;
+        uint32_t shift = 126u - e;                       /* result = m * 2^(e-150) / 2^-24 */
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = a - (112u << 23);                       /* rebias 127 -> 15 */
+    r = (r + 0xFFFu + ((r >> 13) & 1u)) >> 13;
+    return (uint16_t)(sign | r);
+}
+
+float attn_to_f32(uint16_t h, attn_dtype t)
+{
+    return t == ATTN_FP16 ? attn_f16_to_f32(h) : attn_bf16_to_f32(h);
+}
+
+uint16_t attn_from_f32(float f, attn_dtype t)
+{
+    return t == ATTN_FP16 ? attn_f32_to_f16(f) : attn_f32_to_bf16(f);
+}
+
+double attn_unit_roundoff(attn_dtype t) { return t == ATTN_FP16 ? ldexp(1.0, -11) : ldexp(1.0, -8); }
+
+const char *attn_dtype_name(attn_dtype t) { return t == ATTN_FP16 ? "fp16" : "bf16"; }
+
+int attn_dtype_parse(const char *s, attn_dtype *t)
+{
+    if (strcmp(s, "bf16") == 0) { *t = ATTN_BF16; return 0; }
+    if (strcmp(s, "fp16") == 0) { *t = ATTN_FP16; return 0; }
+    return -1;
+}
+
+/* splitmix64 (Steele, Lea, Flood 2014): a tiny generator with a 64-bit state. */
+void attn_rng_init(attn_rng *r, uint64_t seed) { r->s = seed; r->has_spare = 0; r->spare = 0; }
+
+uint64_t attn_rng_u64(attn_rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double attn_rng_uniform(attn_rng *r)
+{
+    /* 53 random bits, shifted by half a step so the result is never 0 or 1 */
+    return ((double)(attn_rng_u64(r) >> 11) + 0.5) * 0x1.0p-53;
+}
+
+double attn_rng_normal(attn_rng *r)
+{
+    if (r->has_spare) { r->has_spare = 0; return r->spare; }
+    const double two_pi = 6.283185307179586;
+    double u1 = attn_rng_uniform(r), u2 = attn_rng_uniform(r);
+    double rad = sqrt(-2.0 * log(u1));
+    r->spare = rad * sin(two_pi * u2);
+    r->has_spare = 1;
+    return rad * cos(two_pi * u2);
+}

@@ -1,0 +1,250 @@
+/* common/harness.h: the host-side harness library (C11).
+ *
+ * Used by every stage program (through attn_main, see common/main.c) and by the tests.
+ * Everything here is independent of any one stage: problem setup, 16-bit conversions,
+ * the float64 oracle, the tolerance check, .npy I/O and the GPU runner (allocation,
+ * poisoning, timing). Host tensors hold the raw 16-bit bits of bf16/fp16 elements.
+ */
+#ifndef ATTN_HARNESS_H
+#define ATTN_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "attn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ATTN_MSG_LEN 512
+
+/* ---- 16-bit dtypes (dtype.c) ------------------------------------------------------- */
+
+float    attn_bf16_to_f32(uint16_t h);
+uint16_t attn_f32_to_bf16(float f);      /* round to nearest even; NaN stays NaN */
+float    attn_f16_to_f32(uint16_t h);
+uint16_t attn_f32_to_f16(float f);       /* round to nearest even, overflow -> inf */
+float    attn_to_f32(uint16_t h, attn_dtype t);
+uint16_t attn_from_f32(float f, attn_dtype t);
+double   attn_unit_roundoff(attn_dtype t); /* bf16 2^-8, fp16 2^-11 */
+const char *attn_dtype_name(attn_dtype t); /* "bf16", "fp16" */
+int      attn_dtype_parse(const char *s, attn_dtype *t); /* 0 ok */
+
+/* Small fixed PRNG: splitmix64, and a standard normal sample by Box-Muller. */
+typedef struct { uint64_t s; int has_spare; double spare; } attn_rng;
+void     attn_rng_init(attn_rng *r, uint64_t seed);
+uint64_t attn_rng_u64(attn_rng *r);
+double   attn_rng_uniform(attn_rng *r);  /* in (0, 1) */
+double   attn_rng_normal(attn_rng *r);   /* N(0, 1) */
+
+/* ---- problem and host tensors (problem.c) ------------------------------------------ */
+
+/* B=2 H=4 H_kv=4 N_q=N_k=1000 d=64, non-causal, bf16, scale 1/sqrt(d). */
+void   attn_problem_default(attn_problem *p);
+/* 0 if p is well formed (positive sizes, H % H_kv == 0, finite scale); else writes why. */
+int    attn_problem_validate(const attn_problem *p, char *why);
+size_t attn_numel_q(const attn_problem *p);   /* B*N_q*H*d   (Q, O, dO, dQ) */
+size_t attn_numel_kv(const attn_problem *p);  /* B*N_k*H_kv*d (K, V, dK, dV) */
+size_t attn_numel_lse(const attn_problem *p); /* B*H*N_q */
+/* FLOPs of one call: forward 4*B*H*N_q*N_k*d (half when causal), backward 2.5x that. */
+double attn_flops(const attn_problem *p, attn_dir dir);
+/* "01_naive forward bf16 B=2 H=4 Hkv=4 Nq=1000 Nk=1000 d=64 causal=0" into buf. */
+void   attn_problem_str(const attn_problem *p, const char *stage, attn_dir dir, char *buf, size_t n);
+
+typedef enum {
+    ATTN_INPUT_NORMAL = 0,  /* every element N(0,1) */
+    ATTN_INPUT_LARGE_LOGITS, /* Q and K scaled by 100: scaled scores of order +-1e4. Meant for
+                              * the forward: at that size fp32 scores themselves are off by
+                              * ~1e-2, which the backward's recomputed P amplifies */
+    ATTN_INPUT_FLAT_ROWS,    /* every key of a head = one vector + 1e-3 noise: near-constant rows */
+    ATTN_INPUT_MEDIUM_LOGITS /* Q and K scaled by 10: scores of order +-1e2, P nearly one-hot */
+} attn_input_kind;
+
+/* Host copies of every tensor of one problem. 16-bit tensors hold raw bf16/fp16 bits. */
+typedef struct {
+    attn_problem p;
+    int backward;                /* d_o, dq, dk, dv allocated */
+    uint16_t *q, *k, *v, *d_o;   /* inputs */
+    uint16_t *o;  float *lse;    /* forward outputs */
+    uint16_t *dq, *dk, *dv;      /* backward outputs */
+} attn_host;
+
+int  attn_host_alloc(attn_host *t, const attn_problem *p, int backward); /* 0 ok, -1 no memory */
+void attn_host_free(attn_host *t);
+/* Fresh inputs (q, k, v and d_o when allocated) from seed, rounded to p.dtype. Outputs are
+ * filled with 0xFF bytes (NaN) so an unwritten element can never pass a check. */
+void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind);
+void attn_host_poison_outputs(attn_host *t);
+/* Float copy of a 16-bit host tensor (malloc'd, caller frees; NULL on no memory). */
+float *attn_host_to_f32(const uint16_t *x, size_t n, attn_dtype t);
+
+/* ---- oracle (oracle.c): float64 on the CPU, from the rounded inputs ----------------- */
+
+/* Which rows to compute and check. Row masks index the [B, N, heads] row space:
+ * mask_q[(b*N_q + i)*H + h], mask_kv[(b*N_k + j)*H_kv + g]. A NULL mask means all rows. */
+typedef struct {
+    unsigned char *mask_q, *mask_kv;
+    unsigned char *mask_unit;     /* backward: [B*H_kv] kv heads whose query heads get a full
+                                   * forward (L, D for every row); NULL: all */
+    size_t rows_q, rows_kv;       /* number of rows set (checked) */
+    int sampled;                  /* 1 if the masks are a sample */
+    int skipped;                  /* backward too large even sampled (see note) */
+    char note[ATTN_MSG_LEN];      /* "checked 64 of 16384 rows per head (sampled)" */
+} attn_sample;
+
+/* The oracle's results, all float64, full-size arrays (rows outside the sample unset). */
+typedef struct {
+    double *o, *lse;              /* [B,N_q,H,d], [B,H,N_q] */
+    double *dq, *dk, *dv;         /* backward only */
+    /* term magnitudes: sqrt(sum over the terms summed into the element of term^2), e.g.
+     * o_m[i,c] = sqrt(sum_j (P_ij V_jc)^2); the scale of a kernel's rounding errors */
+    double *o_m, *dq_m, *dk_m, *dv_m;
+} attn_ref;
+
+extern int attn_oracle_threads;   /* 0: min(online CPUs, 16) (default); else this many */
+
+/* Choose the rows to check: everything when B*H*N_q*N_k*d <= 2e9, else a random sample
+ * (seeded). For the backward, dK/dV rows need L and D of every query row of their heads,
+ * so the sample is restricted to a few heads; if even that is too big, sets skipped. */
+void attn_sample_choose(attn_sample *s, const attn_problem *p, attn_dir dir, uint64_t seed);
+void attn_sample_all(attn_sample *s);      /* every row */
+void attn_sample_free(attn_sample *s);
+
+/* Compute the reference for the rows of s (forward: o, lse; backward also dq, dk, dv,
+ * with D from the oracle's own float64 O). Inputs are the rounded host inputs of t.
+ * Returns 0, or -1 when out of host memory. */
+int  attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r);
+/* The same from float inputs (the tests perturb them for finite differences); d_o only
+ * for the backward; s may be NULL (all rows). */
+int  attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
+                     const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r);
+void attn_ref_free(attn_ref *r);
+
+/* ---- tolerance check (check.c) ----------------------------------------------------- */
+
+typedef enum { ATTN_T_O = 0, ATTN_T_LSE, ATTN_T_DQ, ATTN_T_DK, ATTN_T_DV } attn_tensor;
+
+/* Tolerance rule. With u the unit roundoff of the dtype (bf16 2^-8, fp16 2^-11), an
+ * element x with reference r passes iff x is finite and
+ *     O, dQ, dK, dV :  |x - r| <= c * u * (|r| + max(s, m)),  m = the oracle's term
+ *                      magnitude of the element (attn_ref), s = max(RMS of r, RMS of m)
+ *                      over the checked elements of the tensor: an absolute floor at the
+ *                      scale of the rounding errors of the sums (for random inputs m ~ |r|
+ *                      in RMS; m matters where a sum cancels, e.g. dQ of near-constant rows)
+ *     L             :  |x - r| <= c * u * (|r| + 1)
+ * with c = 4 for O, 2 for L and 16 for dQ, dK, dV (P and dS are rounded to 16 bits in
+ * the tensor-core stages). NaN and Inf never pass. */
+#define ATTN_TOL_C_O    4.0
+#define ATTN_TOL_C_LSE  2.0
+#define ATTN_TOL_C_GRAD 16.0
+double attn_tol_c(attn_tensor k);
+const char *attn_tensor_name(attn_tensor k); /* "O", "L", "dQ", "dK", "dV" */
+
+#define ATTN_NFIRST 5
+typedef struct {
+    attn_tensor kind;
+    size_t checked, mismatches;
+    double max_abs, max_rel, normwise, rms_ref, c, u;
+    double s;                   /* the floor used: max(RMS of r, RMS of m) */
+    double worst;               /* max |x - r| / tol: how close to the tolerance (< 1 passes) */
+    int nfirst;
+    struct { int b, n, h, c; double got, want; } first[ATTN_NFIRST];
+} attn_cmp;
+
+/* Compare x (16-bit bits, or float for L: pass it as x32) with the float64 reference over
+ * the rows of the sample (NULL masks: all); mag: the term magnitudes (NULL: s = RMS r). c_scale multiplies c (1 against the oracle; 2
+ * when comparing two stages, which both carry rounding error). Returns 0 if every checked
+ * element passes. */
+int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
+                 const uint16_t *x16, const float *x32, const double *ref, const double *mag,
+                 const attn_sample *s, double c_scale);
+/* Compare every output of dir of stage run a against the oracle (O, L; with backward
+ * also dQ, dK, dV). cmp gets up to 5 entries, *ncmp their count. Returns #failing tensors. */
+int attn_compare_all(attn_cmp *cmp, int *ncmp, const attn_host *a, attn_dir dir,
+                     const attn_ref *r, const attn_sample *s);
+/* Same rule, stage a against stage b (b's outputs as the reference, c doubled since both
+ * carry rounding error); oracle (may be NULL) supplies the term magnitudes. */
+int attn_compare_stages(attn_cmp *cmp, int *ncmp, const attn_host *a, const attn_host *b,
+                        attn_dir dir, const attn_ref *oracle);
+/* One line per tensor: "O: PASS max abs 3.1e-03 max rel ... norm-wise ... 0 of N mismatches"
+ * followed by the first mismatches with their (b, n, h, c) index. */
+void attn_cmp_print(FILE *f, const attn_cmp *c);
+/* Short form for the summary: "O max abs 3.1e-03 rel 1.2e-02 nw 2.0e-03". */
+void attn_cmp_short(char *buf, size_t n, const attn_cmp *c, int nc);
+
+/* ---- .npy I/O (npy.c) -------------------------------------------------------------- */
+
+/* Write a float32 array (npy v1.0, '<f4', C order). 0 ok; -1 with err set. */
+int attn_npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape,
+                       char *err);
+/* Read '<f4' or '<f2' (converted to float32) into a malloc'd array. ndim <= 8. 0 ok;
+ * -1 with err naming the file and the problem. Never crashes on garbage. */
+int attn_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[8], char *err);
+/* --save: q, k, v, o, lse (and do, dq, dk, dv with backward) into dir as .npy (16-bit
+ * tensors stored as '<f4', exact). --load: q, k, v (and do) from dir; sets t->p's sizes. */
+int attn_save_dir(const char *dir, const attn_host *t, char *err);
+int attn_load_dir(const char *dir, attn_host *t, const attn_problem *p, int backward, char *err);
+
+/* ---- GPU runner (runner.c) --------------------------------------------------------- */
+
+typedef enum {
+    ATTN_RUN_OK = 0,
+    ATTN_RUN_REFUSED,     /* stage->check() said no, no backward, or device too old */
+    ATTN_RUN_NO_MEMORY,   /* tensors + workspace exceed free GPU memory */
+    ATTN_RUN_NO_GPU,      /* no CUDA device */
+    ATTN_RUN_CUDA_ERROR   /* a CUDA call or the stage failed */
+} attn_run_status;
+
+typedef struct {
+    int bench;            /* time the stage (L2 flushed before each timed run) */
+    int quiet;            /* no progress lines on stderr */
+} attn_run_opts;
+
+typedef struct {
+    attn_run_status status;
+    char why[ATTN_MSG_LEN];     /* one line for any status but OK */
+    char device[256];           /* device name */
+    int sm;                     /* compute capability x10 */
+    size_t tensor_bytes;        /* Q,K,V,O (+dO,dQ,dK,dV) */
+    size_t lse_bytes, stage_ws_bytes;
+    size_t workspace_bytes;     /* lse_bytes + stage_ws_bytes (the CSV's workspace_bytes) */
+    long long memgetinfo_delta; /* drop of cudaMemGetInfo's free bytes over our allocations */
+    double median_ms;           /* with bench */
+    int runs;                   /* timed runs */
+} attn_run_info;
+
+/* 0 and the device count if CUDA sees a device; else -1 with why set. No other effect. */
+int attn_gpu_available(int *count, char *why);
+
+/* Run stage on t (inputs filled). Forward: poison O and L, forward, copy O and L back into
+ * t. Backward: as forward, then poison dQ, dK, dV, backward, copy them back (t must have
+ * been allocated with backward = 1). With opts->bench, then time the call of dir. */
+attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
+                         const attn_run_opts *opts, attn_run_info *info);
+
+/* ---- the program (cli.c) ----------------------------------------------------------- */
+
+typedef struct {
+    attn_problem p;
+    attn_dir dir;
+    uint64_t seed;
+    int check, bench, help;
+    const char *csv, *load, *save;
+    int nq_set, nk_set, scale_set;
+} attn_cli;
+
+/* Parse argv (no CUDA). 0 ok; 2 with a one-line message in err on bad input. */
+int attn_parse_args(attn_cli *c, int argc, char **argv, char *err);
+void attn_print_help(FILE *f, const char *prog, const attn_stage *st);
+/* Append one row to the CSV file (header first if the file is new or empty). */
+int attn_csv_append(const char *path, const char *gpu, const char *stage, const attn_problem *p,
+                    attn_dir dir, double median_ms, double tflops, size_t ws_bytes,
+                    const char *status, const char *note);
+int attn_main(const attn_stage *st, int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_HARNESS_H */

@@ -1,0 +1,412 @@
+/* common/oracle.c: the reference. Plain float64 attention on the CPU, row by row, from
+ * the same rounded 16-bit inputs the GPU sees:
+ *   forward   S = scale Q K^T (masked when causal), L_i = log sum_j exp(S_ij), O = P V
+ *             with P_ij = exp(S_ij - L_i)
+ *   backward  D_i = dO_i . O_i (float64 O of the oracle), dP_ij = dO_i . V_j,
+ *             dS_ij = P_ij (dP_ij - D_i), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO,
+ *             dK and dV summed over the query heads that share a key/value head (GQA).
+ * Alongside each element it computes the size of the terms summed into it,
+ * m = sqrt(sum of term^2) (terms P_ij V_jc for O, scale dS_ij K_jc for dQ, ...): the scale of
+ * the rounding error a kernel makes in that sum, used by the tolerance (check.c); for dQ
+ * and dK it includes the error of D computed from a 16-bit O, as kernels do.
+ * Work is split by rows over a few pthreads. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "harness.h"
+
+int attn_oracle_threads = 0;
+
+/* Beyond this many multiply-adds of one S (B*H*N_q*N_k*d), check a sample of rows. */
+#define FULL_CHECK_COST 2e9
+/* Sampled backward: the full forward of the chosen heads may cost at most this much. */
+#define SAMPLED_BWD_COST 8e9
+#define SAMPLE_ROWS 64       /* rows per head in a sample */
+#define SAMPLE_UNITS 2       /* kv heads (with their query heads) in a sampled backward */
+
+void attn_sample_all(attn_sample *s)
+{
+    memset(s, 0, sizeof *s);
+}
+
+void attn_sample_free(attn_sample *s)
+{
+    free(s->mask_q); free(s->mask_kv); free(s->mask_unit);
+    memset(s, 0, sizeof *s);
+}
+
+static double cost_of(const attn_problem *p)
+{
+    return (double)p->B * p->H * (double)p->N_q * p->N_k * p->d;
+}
+
+/* Mark up to SAMPLE_ROWS rows of one head: first and last row always (edge tiles), the rest
+ * uniformly at random. mask[(b*N + i)*heads + h]. Returns the number marked. */
+static size_t sample_head(unsigned char *mask, int b, int h, int N, int heads, attn_rng *r)
+{
+    size_t base = (size_t)b * N;
+    if (N <= SAMPLE_ROWS) {
+        for (int i = 0; i < N; i++) mask[(base + i) * heads + h] = 1;
+        return (size_t)N;
+    }
+    size_t n = 0;
+    int first = 0, last = N - 1;
+    mask[(base + first) * heads + h] = 1;
+    mask[(base + last) * heads + h] = 1;
+    n = 2;
+    while (n < SAMPLE_ROWS) {
+        int i = (int)(attn_rng_u64(r) % (uint64_t)N);
+        unsigned char *m = &mask[(base + i) * heads + h];
+        if (!*m) { *m = 1; n++; }
+    }
+    return n;
+}
+
+void attn_sample_choose(attn_sample *s, const attn_problem *p, attn_dir dir, uint64_t seed)
+{
+    attn_sample_all(s);
+    size_t nrow_q = (size_t)p->B * p->N_q * p->H, nrow_kv = (size_t)p->B * p->N_k * p->H_kv;
+    s->rows_q = nrow_q;
+    s->rows_kv = dir == ATTN_BACKWARD ? nrow_kv : 0;
+    if (cost_of(p) <= FULL_CHECK_COST) {
+        snprintf(s->note, sizeof s->note, "checked all %d rows per head", p->N_q);
+        return;
+    }
+    attn_rng r;
+    attn_rng_init(&r, seed ^ 0x5A5A5A5A12345678ull);
+    s->sampled = 1;
+    s->mask_q = calloc(nrow_q, 1);
+    if (!s->mask_q) goto oom;
+    if (dir == ATTN_FORWARD) {
+        s->rows_q = 0;
+        for (int b = 0; b < p->B; b++)
+            for (int h = 0; h < p->H; h++) s->rows_q += sample_head(s->mask_q, b, h, p->N_q, p->H, &r);
+        snprintf(s->note, sizeof s->note, "checked %d of %d rows per head (sampled)",
+                 p->N_q < SAMPLE_ROWS ? p->N_q : SAMPLE_ROWS, p->N_q);
+        return;
+    }
+    /* backward: dK_j, dV_j need P and dS of every query row, hence L and D of every row of
+     * the heads involved: restrict the check to a few kv heads and their query heads */
+    int G = p->H / p->H_kv, units = p->B * p->H_kv;
+    double unit_cost = (double)G * p->N_q * (double)p->N_k * p->d;
+    int nu = (int)(SAMPLED_BWD_COST / unit_cost);
+    if (nu > SAMPLE_UNITS) nu = SAMPLE_UNITS;
+    if (nu > units) nu = units;
+    if (nu < 1) {
+        s->skipped = 1;
+        s->rows_q = s->rows_kv = 0;
+        snprintf(s->note, sizeof s->note,
+                 "backward check skipped for size: one kv head needs %.1e multiply-adds in the "
+                 "float64 oracle (limit %.0e)", unit_cost, SAMPLED_BWD_COST);
+        return;
+    }
+    s->mask_kv = calloc(nrow_kv, 1);
+    s->mask_unit = calloc((size_t)units, 1);
+    if (!s->mask_kv || !s->mask_unit) goto oom;
+    int chosen = 0;
+    while (chosen < nu) {
+        int u = (int)(attn_rng_u64(&r) % (uint64_t)units);
+        if (s->mask_unit[u]) continue;
+        s->mask_unit[u] = 1;
+        chosen++;
+    }
+    s->rows_q = s->rows_kv = 0;
+    for (int u = 0; u < units; u++) {
+        if (!s->mask_unit[u]) continue;
+        int b = u / p->H_kv, g = u % p->H_kv;
+        s->rows_kv += sample_head(s->mask_kv, b, g, p->N_k, p->H_kv, &r);
+        for (int h = g * G; h < (g + 1) * G; h++)
+            s->rows_q += sample_head(s->mask_q, b, h, p->N_q, p->H, &r);
+    }
+    snprintf(s->note, sizeof s->note,
+             "checked %d of %d kv heads; %d of %d query rows and %d of %d key rows per head "
+             "(sampled)", nu, units, p->N_q < SAMPLE_ROWS ? p->N_q : SAMPLE_ROWS, p->N_q,
+             p->N_k < SAMPLE_ROWS ? p->N_k : SAMPLE_ROWS, p->N_k);
+    return;
+oom:
+    attn_sample_free(s);
+    s->skipped = 1;
+    snprintf(s->note, sizeof s->note, "check skipped: out of host memory for the sample masks");
+}
+
+void attn_ref_free(attn_ref *r)
+{
+    free(r->o); free(r->lse); free(r->dq); free(r->dk); free(r->dv);
+    free(r->o_m); free(r->dq_m); free(r->dk_m); free(r->dv_m);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- the computation --------------------------------------------------------------- */
+
+typedef struct {
+    const attn_problem *p;
+    const attn_sample *s;
+    int G;                              /* query heads per kv head */
+    const float *q, *k, *v, *d_o;       /* inputs as float (exact) */
+    attn_ref *r;
+    double *D;                          /* [B*N_q*H] row index space */
+    double *mD;                         /* term magnitude of D: sqrt(sum_c (dO_c O_c)^2) */
+    unsigned char *need_fwd;            /* [B*N_q*H] rows whose forward is computed */
+} octx;
+
+static double dot(const float *a, const float *b, int d)
+{
+    /* four independent partial sums: the loop runs at several multiply-adds per cycle */
+    double acc[4] = { 0.0, 0.0, 0.0, 0.0 };
+    int c = 0;
+    for (; c + 4 <= d; c += 4)
+        for (int k = 0; k < 4; k++) acc[k] += (double)a[c + k] * (double)b[c + k];
+    for (; c < d; c++) acc[0] += (double)a[c] * (double)b[c];
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+/* number of keys query row i sees: causal top-left, key j visible iff j <= i */
+static int visible(const attn_problem *p, int i)
+{
+    return p->causal ? (i + 1 < p->N_k ? i + 1 : p->N_k) : p->N_k;
+}
+
+static const float *qrow(const octx *c, const float *x, int b, int i, int h)
+{
+    const attn_problem *p = c->p;
+    return x + (((size_t)b * p->N_q + i) * p->H + h) * p->d;
+}
+
+static const float *kvrow(const octx *c, const float *x, int b, int j, int g)
+{
+    const attn_problem *p = c->p;
+    return x + (((size_t)b * p->N_k + j) * p->H_kv + g) * p->d;
+}
+
+/* forward of query row r = (b*N_q + i)*H + h; scratch holds N_k doubles */
+static void fwd_row(octx *c, size_t r, double *s)
+{
+    const attn_problem *p = c->p;
+    int h = (int)(r % p->H), i = (int)((r / p->H) % p->N_q), b = (int)(r / p->H / p->N_q);
+    int g = h / c->G, n = visible(p, i), d = p->d;
+    const float *qi = qrow(c, c->q, b, i, h);
+    double m = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        s[j] = (double)p->scale * dot(qi, kvrow(c, c->k, b, j, g), d);
+        if (s[j] > m) m = s[j];
+    }
+    double l = 0.0;
+    for (int j = 0; j < n; j++) { s[j] = exp(s[j] - m); l += s[j]; }
+    double *o = c->r->o + r * d, *om = c->r->o_m + r * d;
+    for (int e = 0; e < d; e++) o[e] = om[e] = 0.0;
+    for (int j = 0; j < n; j++) {
+        const float *vj = kvrow(c, c->v, b, j, g);
+        double pj = s[j] / l;
+        for (int e = 0; e < d; e++) {
+            o[e] += pj * vj[e];
+            om[e] += (pj * vj[e]) * (pj * vj[e]);
+        }
+    }
+    for (int e = 0; e < d; e++) om[e] = sqrt(om[e]);
+    c->r->lse[((size_t)b * p->H + h) * p->N_q + i] = m + log(l);
+    if (c->D) {
+        const float *doi = qrow(c, c->d_o, b, i, h);
+        double D = 0.0, mD = 0.0;
+        for (int e = 0; e < d; e++) {
+            D += (double)doi[e] * o[e];
+            mD += ((double)doi[e] * o[e]) * ((double)doi[e] * o[e]);
+        }
+        c->D[r] = D;
+        c->mD[r] = sqrt(mD);
+    }
+}
+
+/* dQ of query row r */
+static void dq_row(octx *c, size_t r)
+{
+    const attn_problem *p = c->p;
+    int h = (int)(r % p->H), i = (int)((r / p->H) % p->N_q), b = (int)(r / p->H / p->N_q);
+    int g = h / c->G, n = visible(p, i), d = p->d;
+    const float *qi = qrow(c, c->q, b, i, h), *doi = qrow(c, c->d_o, b, i, h);
+    double L = c->r->lse[((size_t)b * p->H + h) * p->N_q + i], D = c->D[r];
+    double *dq = c->r->dq + r * d, *dqm = c->r->dq_m + r * d;
+    double *acc_pk = malloc(sizeof(double) * (size_t)d);
+    for (int e = 0; e < d; e++) dq[e] = dqm[e] = 0.0;
+    if (acc_pk)
+        for (int e = 0; e < d; e++) acc_pk[e] = 0.0;
+    for (int j = 0; j < n; j++) {
+        const float *kj = kvrow(c, c->k, b, j, g);
+        double P = exp((double)p->scale * dot(qi, kj, d) - L);
+        double dS = P * (dot(doi, kvrow(c, c->v, b, j, g), d) - D);
+        for (int e = 0; e < d; e++) {
+            dq[e] += dS * kj[e];
+            dqm[e] += (dS * kj[e]) * (dS * kj[e]);
+        }
+        if (acc_pk)
+            for (int e = 0; e < d; e++) acc_pk[e] += P * kj[e];
+    }
+    /* a kernel computes D from its 16-bit O: its error (of size mD) enters dQ as
+     * scale * dD * sum_j P_ij K_j */
+    for (int e = 0; e < d; e++) {
+        double dterm = acc_pk ? c->mD[r] * acc_pk[e] : 0.0;
+        dq[e] *= p->scale;
+        dqm[e] = p->scale * sqrt(dqm[e] + dterm * dterm);
+    }
+    free(acc_pk);
+}
+
+/* dK and dV of key row r = (b*N_k + j)*H_kv + g, summed over the G query heads of g */
+static void dkv_row(octx *c, size_t r)
+{
+    const attn_problem *p = c->p;
+    int g = (int)(r % p->H_kv), j = (int)((r / p->H_kv) % p->N_k), b = (int)(r / p->H_kv / p->N_k);
+    int d = p->d;
+    const float *kj = kvrow(c, c->k, b, j, g), *vj = kvrow(c, c->v, b, j, g);
+    double *dk = c->r->dk + r * d, *dv = c->r->dv + r * d;
+    double *dkm = c->r->dk_m + r * d, *dvm = c->r->dv_m + r * d;
+    for (int e = 0; e < d; e++) dk[e] = dv[e] = dkm[e] = dvm[e] = 0.0;
+    int i0 = p->causal ? j : 0; /* causal: only queries i >= j see key j */
+    for (int h = g * c->G; h < (g + 1) * c->G; h++)
+        for (int i = i0; i < p->N_q; i++) {
+            size_t qr = ((size_t)b * p->N_q + i) * p->H + h;
+            const float *qi = qrow(c, c->q, b, i, h), *doi = qrow(c, c->d_o, b, i, h);
+            double L = c->r->lse[((size_t)b * p->H + h) * p->N_q + i];
+            double P = exp((double)p->scale * dot(qi, kj, d) - L);
+            double dS = P * (dot(doi, vj, d) - c->D[qr]), PmD = P * c->mD[qr];
+            for (int e = 0; e < d; e++) {
+                dv[e] += P * doi[e];
+                dk[e] += dS * qi[e];
+                dvm[e] += (P * doi[e]) * (P * doi[e]);
+                /* the dS term, and the error of a 16-bit-O D entering through P_ij dD_i Q_i */
+                dkm[e] += (dS * qi[e]) * (dS * qi[e]) + (PmD * qi[e]) * (PmD * qi[e]);
+            }
+        }
+    for (int e = 0; e < d; e++) {
+        dk[e] *= p->scale;
+        dkm[e] = p->scale * sqrt(dkm[e]);
+        dvm[e] = sqrt(dvm[e]);
+    }
+}
+
+enum { PH_FWD, PH_DQ, PH_DKV };
+typedef struct { octx *c; int phase, tid, nt; int oom; } ojob;
+
+static void *worker(void *arg)
+{
+    ojob *jb = arg;
+    octx *c = jb->c;
+    const attn_problem *p = c->p;
+    const attn_sample *s = c->s;
+    if (jb->phase == PH_FWD) {
+        double *scratch = malloc(sizeof(double) * (size_t)p->N_k);
+        if (!scratch) { jb->oom = 1; return NULL; }
+        size_t n = (size_t)p->B * p->N_q * p->H;
+        for (size_t r = (size_t)jb->tid; r < n; r += (size_t)jb->nt)
+            if (!c->need_fwd || c->need_fwd[r]) fwd_row(c, r, scratch);
+        free(scratch);
+    } else if (jb->phase == PH_DQ) {
+        size_t n = (size_t)p->B * p->N_q * p->H;
+        for (size_t r = (size_t)jb->tid; r < n; r += (size_t)jb->nt)
+            if (!s || !s->mask_q || s->mask_q[r]) dq_row(c, r);
+    } else {
+        size_t n = (size_t)p->B * p->N_k * p->H_kv;
+        for (size_t r = (size_t)jb->tid; r < n; r += (size_t)jb->nt)
+            if (!s || !s->mask_kv || s->mask_kv[r]) dkv_row(c, r);
+    }
+    return NULL;
+}
+
+static int nthreads(void)
+{
+    if (attn_oracle_threads > 0) return attn_oracle_threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > 16) n = 16;
+    return (int)n;
+}
+
+static int run_phase(octx *c, int phase)
+{
+    enum { MAX_THREADS = 64 };
+    int nt = nthreads(), oom = 0;
+    if (nt > MAX_THREADS) nt = MAX_THREADS;
+    pthread_t th[MAX_THREADS];
+    int started[MAX_THREADS] = { 0 };
+    ojob jb[MAX_THREADS];
+    for (int t = 0; t < nt; t++) jb[t] = (ojob){ c, phase, t, nt, 0 };
+    for (int t = 1; t < nt; t++) started[t] = pthread_create(&th[t], NULL, worker, &jb[t]) == 0;
+    worker(&jb[0]);
+    for (int t = 1; t < nt; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else worker(&jb[t]); /* thread could not start: do its share here */
+    }
+    for (int t = 0; t < nt; t++) oom |= jb[t].oom;
+    return oom ? -1 : 0;
+}
+
+int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
+                    const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r)
+{
+    memset(r, 0, sizeof *r);
+    octx c = { 0 };
+    c.p = p; c.s = s; c.G = p->H / p->H_kv; c.r = r;
+    c.q = q; c.k = k; c.v = v; c.d_o = d_o;
+    size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p), nrow_q = (size_t)p->B * p->N_q * p->H;
+    int rc = -1;
+    r->o = malloc(nq * sizeof(double));
+    r->o_m = malloc(nq * sizeof(double));
+    r->lse = malloc(attn_numel_lse(p) * sizeof(double));
+    if (!r->o || !r->o_m || !r->lse) goto out;
+    /* unset rows stay NaN, so a bug in the sampling shows up as a mismatch */
+    for (size_t i = 0; i < nq; i++) r->o[i] = NAN;
+    for (size_t i = 0; i < attn_numel_lse(p); i++) r->lse[i] = NAN;
+    if (dir == ATTN_FORWARD) {
+        c.need_fwd = s ? s->mask_q : NULL;
+    } else {
+        if (s && s->skipped) { rc = 0; goto out; }
+        c.D = malloc(nrow_q * sizeof(double));
+        c.mD = malloc(nrow_q * sizeof(double));
+        r->dq = malloc(nq * sizeof(double));
+        r->dk = malloc(nkv * sizeof(double));
+        r->dv = malloc(nkv * sizeof(double));
+        r->dq_m = malloc(nq * sizeof(double));
+        r->dk_m = malloc(nkv * sizeof(double));
+        r->dv_m = malloc(nkv * sizeof(double));
+        if (!d_o || !c.D || !c.mD || !r->dq || !r->dk || !r->dv || !r->dq_m || !r->dk_m || !r->dv_m) goto out;
+        for (size_t i = 0; i < nq; i++) r->dq[i] = NAN;
+        for (size_t i = 0; i < nkv; i++) r->dk[i] = r->dv[i] = NAN;
+        if (s && s->mask_unit) {
+            /* every row of every query head of a chosen kv head */
+            c.need_fwd = calloc(nrow_q, 1);
+            if (!c.need_fwd) goto out;
+            for (size_t row = 0; row < nrow_q; row++) {
+                int h = (int)(row % p->H), b = (int)(row / p->H / p->N_q);
+                c.need_fwd[row] = s->mask_unit[b * p->H_kv + h / c.G];
+            }
+        }
+    }
+    if (run_phase(&c, PH_FWD)) goto out;
+    if (dir == ATTN_BACKWARD) {
+        if (run_phase(&c, PH_DQ) || run_phase(&c, PH_DKV)) goto out;
+    }
+    rc = 0;
+out:
+    if (dir == ATTN_BACKWARD) free(c.need_fwd);
+    free(c.D);
+    free(c.mD);
+    if (rc) attn_ref_free(r);
+    return rc;
+}
+
+int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r)
+{
+    const attn_problem *p = &t->p;
+    size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p);
+    float *q = attn_host_to_f32(t->q, nq, p->dtype);
+    float *k = attn_host_to_f32(t->k, nkv, p->dtype);
+    float *v = attn_host_to_f32(t->v, nkv, p->dtype);
+    float *d_o = dir == ATTN_BACKWARD && t->d_o ? attn_host_to_f32(t->d_o, nq, p->dtype) : NULL;
+    int rc = -1;
+    memset(r, 0, sizeof *r);
+    if (q && k && v && (dir == ATTN_FORWARD || d_o))
+        rc = attn_oracle_f32(p, q, k, v, d_o, dir, s, r);
+    free(q); free(k); free(v); free(d_o);
+    return rc;
+}

@@ -1,0 +1,149 @@
+/* common/problem.c: problem defaults and validation, FLOP count, host tensors, inputs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "harness.h"
+
+void attn_problem_default(attn_problem *p)
+{
+    memset(p, 0, sizeof *p);
+    p->B = 2; p->H = 4; p->H_kv = 4;
+    p->N_q = 1000; p->N_k = 1000;
+    p->d = 64;
+    p->causal = 0;
+    p->scale = (float)(1.0 / sqrt(64.0));
+    p->dtype = ATTN_BF16;
+    p->deterministic = 0;
+}
+
+int attn_problem_validate(const attn_problem *p, char *why)
+{
+    if (p->B <= 0 || p->H <= 0 || p->H_kv <= 0 || p->N_q <= 0 || p->N_k <= 0 || p->d <= 0) {
+        snprintf(why, ATTN_MSG_LEN, "sizes must be >= 1 (B=%d H=%d Hkv=%d Nq=%d Nk=%d d=%d)",
+                 p->B, p->H, p->H_kv, p->N_q, p->N_k, p->d);
+        return -1;
+    }
+    if (p->H % p->H_kv != 0) {
+        snprintf(why, ATTN_MSG_LEN, "--heads %d is not a multiple of --kv-heads %d", p->H, p->H_kv);
+        return -1;
+    }
+    if (!isfinite(p->scale) || p->scale <= 0.0f) {
+        snprintf(why, ATTN_MSG_LEN, "--scale must be a positive finite number");
+        return -1;
+    }
+    if (p->dtype != ATTN_BF16 && p->dtype != ATTN_FP16) {
+        snprintf(why, ATTN_MSG_LEN, "unknown dtype");
+        return -1;
+    }
+    /* element counts must fit size_t comfortably (they do on 64-bit for any int sizes) */
+    return 0;
+}
+
+size_t attn_numel_q(const attn_problem *p) { return (size_t)p->B * p->N_q * p->H * p->d; }
+size_t attn_numel_kv(const attn_problem *p) { return (size_t)p->B * p->N_k * p->H_kv * p->d; }
+size_t attn_numel_lse(const attn_problem *p) { return (size_t)p->B * p->H * p->N_q; }
+
+/* The one FLOP formula: two matmuls of 2*N_q*N_k*d each per head, half of it when causal
+ * (counted as N_q*N_k/2, the usual convention); the backward does 2.5x the forward's work. */
+double attn_flops(const attn_problem *p, attn_dir dir)
+{
+    double f = 4.0 * p->B * p->H * (double)p->N_q * p->N_k * p->d;
+    if (p->causal) f *= 0.5;
+    if (dir == ATTN_BACKWARD) f *= 2.5;
+    return f;
+}
+
+void attn_problem_str(const attn_problem *p, const char *stage, attn_dir dir, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s %s %s B=%d H=%d Hkv=%d Nq=%d Nk=%d d=%d causal=%d", stage,
+             dir == ATTN_BACKWARD ? "backward" : "forward", attn_dtype_name(p->dtype), p->B, p->H,
+             p->H_kv, p->N_q, p->N_k, p->d, p->causal);
+}
+
+int attn_host_alloc(attn_host *t, const attn_problem *p, int backward)
+{
+    memset(t, 0, sizeof *t);
+    t->p = *p;
+    t->backward = backward;
+    size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p), nl = attn_numel_lse(p);
+    t->q = malloc(nq * 2); t->k = malloc(nkv * 2); t->v = malloc(nkv * 2);
+    t->o = malloc(nq * 2); t->lse = malloc(nl * 4);
+    int ok = t->q && t->k && t->v && t->o && t->lse;
+    if (backward) {
+        t->d_o = malloc(nq * 2); t->dq = malloc(nq * 2);
+        t->dk = malloc(nkv * 2); t->dv = malloc(nkv * 2);
+        ok = ok && t->d_o && t->dq && t->dk && t->dv;
+    }
+    if (!ok) { attn_host_free(t); return -1; }
+    attn_host_poison_outputs(t);
+    return 0;
+}
+
+void attn_host_free(attn_host *t)
+{
+    free(t->q); free(t->k); free(t->v); free(t->d_o);
+    free(t->o); free(t->lse); free(t->dq); free(t->dk); free(t->dv);
+    memset(t, 0, sizeof *t);
+}
+
+void attn_host_poison_outputs(attn_host *t)
+{
+    const attn_problem *p = &t->p;
+    if (t->o) memset(t->o, 0xFF, attn_numel_q(p) * 2);
+    if (t->lse) memset(t->lse, 0xFF, attn_numel_lse(p) * 4);
+    if (t->dq) memset(t->dq, 0xFF, attn_numel_q(p) * 2);
+    if (t->dk) memset(t->dk, 0xFF, attn_numel_kv(p) * 2);
+    if (t->dv) memset(t->dv, 0xFF, attn_numel_kv(p) * 2);
+}
+
+/* Each tensor draws from its own stream, so adding dO does not change Q, K, V. */
+static void fill_normal(uint16_t *x, size_t n, uint64_t seed, uint64_t tag, double mul,
+                        attn_dtype t)
+{
+    attn_rng r;
+    attn_rng_init(&r, seed * 0x9E3779B97F4A7C15ull + tag);
+    for (size_t i = 0; i < n; i++) x[i] = attn_from_f32((float)(mul * attn_rng_normal(&r)), t);
+}
+
+void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)
+{
+    const attn_problem *p = &t->p;
+    /* large logits: q.k ~ 1e4 * sqrt(d), times scale 1/sqrt(d); medium: 1e2 */
+    const double big = 100.0, medium = 10.0;
+    double mul_qk = kind == ATTN_INPUT_LARGE_LOGITS ? big : kind == ATTN_INPUT_MEDIUM_LOGITS ? medium : 1.0;
+    fill_normal(t->q, attn_numel_q(p), seed, 1, mul_qk, p->dtype);
+    fill_normal(t->k, attn_numel_kv(p), seed, 2, mul_qk, p->dtype);
+    fill_normal(t->v, attn_numel_kv(p), seed, 3, 1.0, p->dtype);
+    if (t->d_o) fill_normal(t->d_o, attn_numel_q(p), seed, 4, 1.0, p->dtype);
+    if (kind == ATTN_INPUT_FLAT_ROWS) {
+        /* every key of head (b, g) = the same vector plus 1e-3 noise: all scores of a row
+         * nearly equal, so P is nearly uniform and O nearly the mean of V */
+        const double noise = 1e-3;
+        attn_rng r;
+        attn_rng_init(&r, seed * 0x9E3779B97F4A7C15ull + 5);
+        double *base = malloc(sizeof(double) * p->d);
+        if (base) {
+            for (int b = 0; b < p->B; b++)
+                for (int g = 0; g < p->H_kv; g++) {
+                    for (int c = 0; c < p->d; c++) base[c] = attn_rng_normal(&r);
+                    for (int j = 0; j < p->N_k; j++) {
+                        uint16_t *row = t->k + (((size_t)b * p->N_k + j) * p->H_kv + g) * p->d;
+                        for (int c = 0; c < p->d; c++)
+                            row[c] = attn_from_f32((float)(base[c] + noise * attn_rng_normal(&r)),
+                                                   p->dtype);
+                    }
+                }
+            free(base);
+        }
+    }
+    attn_host_poison_outputs(t);
+}
+
+float *attn_host_to_f32(const uint16_t *x, size_t n, attn_dtype t)
+{
+    float *f = malloc(n * sizeof(float) + 1);
+    if (!f) return NULL;
+    for (size_t i = 0; i < n; i++) f[i] = attn_to_f32(x[i], t);
+    return f;
+}

@@ -1,0 +1,237 @@
+/* common/runner.c: runs one stage on the GPU. Allocates every tensor and the workspace
+ * (stages never allocate), poisons outputs and workspace with 0xFF bytes (NaN in bf16, fp16
+ * and fp32) before every checked run, and times the stage with CUDA events, L2 flushed. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "harness.h"
+
+/* Every CUDA call is checked: on error, record "file:line: call: error string" and bail. */
+#define CHECK(call)                                                                         \
+    do {                                                                                    \
+        cudaError_t e_ = (call);                                                            \
+        if (e_ != cudaSuccess) {                                                            \
+            snprintf(info->why, sizeof info->why, "%s:%d: %s: %s", __FILE__, __LINE__, #call, \
+                     cudaGetErrorString(e_));                                               \
+            info->status = ATTN_RUN_CUDA_ERROR;                                             \
+            goto out;                                                                       \
+        }                                                                                   \
+    } while (0)
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* bench protocol */
+#define WARMUP_MIN_RUNS 2
+#define WARMUP_MIN_MS 50.0
+#define BENCH_MIN_RUNS 10
+#define BENCH_MIN_MS 500.0
+#define BENCH_MAX_RUNS 200
+#define BENCH_SLOW_RUNS 3      /* a slow shape stops after this many runs ... */
+#define BENCH_SLOW_MS 2000.0   /* ... once this much was timed */
+
+int attn_gpu_available(int *count, char *why)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (count) *count = n;
+    if (e != cudaSuccess) {
+        snprintf(why, ATTN_MSG_LEN, "%s", cudaGetErrorString(e));
+        cudaGetLastError(); /* clear */
+        return -1;
+    }
+    if (n == 0) {
+        snprintf(why, ATTN_MSG_LEN, "cudaGetDeviceCount found 0 devices");
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    void *q, *k, *v, *o, *d_o, *dq, *dk, *dv, *ws, *flush;
+    float *lse;
+} dev_bufs;
+
+static cudaError_t launch(const attn_stage *st, attn_dir dir, const attn_problem *p,
+                          const attn_args *a, cudaStream_t s)
+{
+    return dir == ATTN_BACKWARD ? st->backward(p, a, s) : st->forward(p, a, s);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
+                         const attn_run_opts *opts, attn_run_info *info)
+{
+    const attn_problem *p = &t->p;
+    const int bwd = dir == ATTN_BACKWARD;
+    dev_bufs d = { 0 };
+    cudaStream_t stream = NULL;
+    cudaEvent_t ev0 = NULL, ev1 = NULL;
+    float *times = NULL;
+    memset(info, 0, sizeof *info);
+    info->status = ATTN_RUN_OK;
+
+    int ndev;
+    if (attn_gpu_available(&ndev, info->why)) {
+        char tmp[ATTN_MSG_LEN];
+        snprintf(tmp, sizeof tmp, "no CUDA GPU (%s)", info->why);
+        snprintf(info->why, sizeof info->why, "%s", tmp);
+        return info->status = ATTN_RUN_NO_GPU;
+    }
+    int dev;
+    struct cudaDeviceProp prop;
+    CHECK(cudaGetDevice(&dev));
+    CHECK(cudaGetDeviceProperties(&prop, dev));
+    snprintf(info->device, sizeof info->device, "%s", prop.name);
+    info->sm = prop.major * 10 + prop.minor;
+    if (info->sm < st->min_sm) {
+        snprintf(info->why, sizeof info->why, "needs compute capability %d.%d, %s is %d.%d",
+                 st->min_sm / 10, st->min_sm % 10, prop.name, prop.major, prop.minor);
+        return info->status = ATTN_RUN_REFUSED;
+    }
+    if (bwd && !st->backward) {
+        snprintf(info->why, sizeof info->why, "has no backward pass");
+        return info->status = ATTN_RUN_REFUSED;
+    }
+    if (bwd && !t->backward) {
+        snprintf(info->why, sizeof info->why, "internal: host tensors allocated without backward");
+        return info->status = ATTN_RUN_REFUSED;
+    }
+    char why[ATTN_WHY_LEN] = { 0 };
+    /* the backward run also runs the forward, so both must be supported */
+    if (st->check(p, ATTN_FORWARD, why) || (bwd && st->check(p, ATTN_BACKWARD, why))) {
+        why[ATTN_WHY_LEN - 1] = 0;
+        snprintf(info->why, sizeof info->why, "%s", why);
+        return info->status = ATTN_RUN_REFUSED;
+    }
+
+    /* sizes */
+    size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p);
+    size_t ws_f = st->workspace(p, ATTN_FORWARD), ws_b = bwd ? st->workspace(p, ATTN_BACKWARD) : 0;
+    size_t ws = ws_f > ws_b ? ws_f : ws_b;
+    info->tensor_bytes = (nq * 2 + nkv * 2) * 2 * (bwd ? 2 : 1);  /* Q,O,K,V (+dO,dQ,dK,dV) */
+    info->lse_bytes = attn_numel_lse(p) * sizeof(float);
+    info->stage_ws_bytes = ws;
+    info->workspace_bytes = info->lse_bytes + ws;
+    size_t flush_bytes = opts && opts->bench ? 2 * (size_t)prop.l2CacheSize : 0;
+
+    size_t free0, total0, free1, total1;
+    CHECK(cudaFree(0)); /* create the context first, so it is not counted below */
+    CHECK(cudaMemGetInfo(&free0, &total0));
+    size_t need = info->tensor_bytes + info->workspace_bytes + flush_bytes;
+    if (need > free0) {
+        snprintf(info->why, sizeof info->why,
+                 "needs %.2f GiB (workspace %.2f GiB: L %.2f GiB + stage %.2f GiB) but the GPU "
+                 "has %.2f GiB free", need / GIB, info->workspace_bytes / GIB,
+                 info->lse_bytes / GIB, ws / GIB, free0 / GIB);
+        return info->status = ATTN_RUN_NO_MEMORY;
+    }
+
+    CHECK(cudaMalloc(&d.q, nq * 2));
+    CHECK(cudaMalloc(&d.o, nq * 2));
+    CHECK(cudaMalloc(&d.k, nkv * 2));
+    CHECK(cudaMalloc(&d.v, nkv * 2));
+    CHECK(cudaMalloc((void **)&d.lse, info->lse_bytes));
+    if (ws) CHECK(cudaMalloc(&d.ws, ws));
+    if (bwd) {
+        CHECK(cudaMalloc(&d.d_o, nq * 2));
+        CHECK(cudaMalloc(&d.dq, nq * 2));
+        CHECK(cudaMalloc(&d.dk, nkv * 2));
+        CHECK(cudaMalloc(&d.dv, nkv * 2));
+    }
+    CHECK(cudaMemGetInfo(&free1, &total1));
+    info->memgetinfo_delta = (long long)free0 - (long long)free1;
+    if (flush_bytes) CHECK(cudaMalloc(&d.flush, flush_bytes)); /* outside the measured part */
+
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CHECK(cudaMemcpyAsync(d.q, t->q, nq * 2, cudaMemcpyHostToDevice, stream));
+    CHECK(cudaMemcpyAsync(d.k, t->k, nkv * 2, cudaMemcpyHostToDevice, stream));
+    CHECK(cudaMemcpyAsync(d.v, t->v, nkv * 2, cudaMemcpyHostToDevice, stream));
+    if (bwd) CHECK(cudaMemcpyAsync(d.d_o, t->d_o, nq * 2, cudaMemcpyHostToDevice, stream));
+
+    attn_args a = { 0 };
+    a.q = d.q; a.k = d.k; a.v = d.v; a.o = d.o; a.lse = d.lse;
+    a.d_o = d.d_o; a.dq = d.dq; a.dk = d.dk; a.dv = d.dv;
+    a.ws = d.ws; a.ws_bytes = ws_f;
+
+    /* forward: poison, run, sync, copy back */
+    CHECK(cudaMemsetAsync(d.o, 0xFF, nq * 2, stream));
+    CHECK(cudaMemsetAsync(d.lse, 0xFF, info->lse_bytes, stream));
+    if (ws_f) CHECK(cudaMemsetAsync(d.ws, 0xFF, ws_f, stream));
+    CHECK(st->forward(p, &a, stream));
+    CHECK(cudaStreamSynchronize(stream));
+    CHECK(cudaMemcpy(t->o, d.o, nq * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(t->lse, d.lse, info->lse_bytes, cudaMemcpyDeviceToHost));
+
+    if (bwd) { /* the stage's own O and L feed its backward */
+        a.ws_bytes = ws_b;
+        CHECK(cudaMemsetAsync(d.dq, 0xFF, nq * 2, stream));
+        CHECK(cudaMemsetAsync(d.dk, 0xFF, nkv * 2, stream));
+        CHECK(cudaMemsetAsync(d.dv, 0xFF, nkv * 2, stream));
+        if (ws_b) CHECK(cudaMemsetAsync(d.ws, 0xFF, ws_b, stream));
+        CHECK(st->backward(p, &a, stream));
+        CHECK(cudaStreamSynchronize(stream));
+        CHECK(cudaMemcpy(t->dq, d.dq, nq * 2, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(t->dk, d.dk, nkv * 2, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(t->dv, d.dv, nkv * 2, cudaMemcpyDeviceToHost));
+    }
+
+    if (opts && opts->bench) {
+        /* events around the stage call only; the L2 flush (a memset over twice the L2 size)
+         * runs before each timed call, outside the events */
+        CHECK(cudaEventCreate(&ev0));
+        CHECK(cudaEventCreate(&ev1));
+        double spent = 0.0;
+        int n = 0;
+        float ms;
+        while (n < WARMUP_MIN_RUNS || spent < WARMUP_MIN_MS) {
+            CHECK(cudaEventRecord(ev0, stream));
+            CHECK(launch(st, dir, p, &a, stream));
+            CHECK(cudaEventRecord(ev1, stream));
+            CHECK(cudaEventSynchronize(ev1));
+            CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
+            spent += ms;
+            n++;
+            if (n >= BENCH_SLOW_RUNS && spent >= BENCH_SLOW_MS) break;
+        }
+        times = malloc(sizeof(float) * BENCH_MAX_RUNS);
+        if (!times) {
+            snprintf(info->why, sizeof info->why, "out of host memory");
+            info->status = ATTN_RUN_CUDA_ERROR;
+            goto out;
+        }
+        spent = 0.0;
+        n = 0;
+        for (;;) {
+            CHECK(cudaMemsetAsync(d.flush, n & 1, flush_bytes, stream));
+            CHECK(cudaEventRecord(ev0, stream));
+            CHECK(launch(st, dir, p, &a, stream));
+            CHECK(cudaEventRecord(ev1, stream));
+            CHECK(cudaEventSynchronize(ev1));
+            CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
+            times[n++] = ms;
+            spent += ms;
+            if (n >= BENCH_MAX_RUNS) break;
+            if (n >= BENCH_MIN_RUNS && spent >= BENCH_MIN_MS) break;
+            if (n >= BENCH_SLOW_RUNS && spent >= BENCH_SLOW_MS) break;
+        }
+        qsort(times, (size_t)n, sizeof(float), cmp_float);
+        info->median_ms = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+        info->runs = n;
+    }
+
+out:
+    free(times);
+    if (ev0) cudaEventDestroy(ev0);
+    if (ev1) cudaEventDestroy(ev1);
+    if (stream) cudaStreamDestroy(stream);
+    cudaFree(d.q); cudaFree(d.k); cudaFree(d.v); cudaFree(d.o); cudaFree(d.lse);
+    cudaFree(d.d_o); cudaFree(d.dq); cudaFree(d.dk); cudaFree(d.dv);
+    cudaFree(d.ws); cudaFree(d.flush);
+    return info->status;
+}

@@ -1,0 +1,263 @@
+/* tests/test_gpu.c: every stage (and the cuBLAS baseline) on the GPU against the float64
+ * oracle, over many shapes, dtypes and hard inputs; consecutive stages against each other;
+ * deterministic backward; the sampled --check of a stage program. Each test skips with the
+ * reason when there is no CUDA device. A stage refusing a shape (its check()) is logged and
+ * skipped for that shape, not a failure. Seeds: each case has its own (set ATTN_TEST_SEED
+ * to draw another set). */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "test_util.h"
+
+extern const attn_stage *const attn_stages[];
+extern const int attn_nstages;
+extern const attn_stage *const attn_baseline;
+
+static void need_gpu(void)
+{
+    int n;
+    char why[ATTN_MSG_LEN];
+    if (attn_gpu_available(&n, why) != 0) cr_skip_test("no CUDA GPU (%s): GPU test skipped", why);
+}
+
+static uint64_t test_seed(uint64_t k)
+{
+    const char *s = getenv("ATTN_TEST_SEED");
+    return (s ? strtoull(s, NULL, 10) * 1000003ull : 0) + 7919ull * k + 1;
+}
+
+/* One line on stderr saying whether the GPU tests run, and on what (the other GPU tests
+ * skip silently without a device; criterion --verbose shows each skip). */
+Test(gpu, device)
+{
+    int n;
+    char why[ATTN_MSG_LEN];
+    if (attn_gpu_available(&n, why) != 0) {
+        fprintf(stderr, "[SKIP] gpu tests: no CUDA GPU (%s): every gpu:: test is skipped\n", why);
+        cr_skip_test("no CUDA GPU (%s)", why);
+    }
+    struct cudaDeviceProp prop;
+    cr_assert_eq(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    fprintf(stderr, "[INFO] gpu tests on %s (sm_%d%d), %d stages%s\n", prop.name, prop.major, prop.minor,
+            attn_nstages, attn_baseline ? " + cublas" : "");
+}
+
+typedef struct {
+    int B, H, H_kv, N_q, N_k, d, causal, fp16;
+    attn_input_kind kind;
+    int fwd_only;
+    uint64_t seed;
+} gcase;
+
+#define C(B, H, Hkv, Nq, Nk, d, causal, fp16, kind, fwd_only) \
+    { B, H, Hkv, Nq, Nk, d, causal, fp16, kind, fwd_only, 0 }
+#define N_ ATTN_INPUT_NORMAL
+#define LL ATTN_INPUT_LARGE_LOGITS
+#define FR ATTN_INPUT_FLAT_ROWS
+#define ML ATTN_INPUT_MEDIUM_LOGITS
+
+static const gcase fixed_cases[] = {
+    /* fp16 subset */
+    C(2, 2, 2, 17, 17, 64, 1, 1, N_, 0), C(2, 2, 2, 255, 255, 128, 0, 1, N_, 0),
+    C(2, 2, 2, 1000, 1000, 64, 1, 1, N_, 0), C(2, 2, 2, 1000, 1000, 128, 0, 1, N_, 0),
+    /* GQA and MQA */
+    C(2, 4, 2, 255, 255, 64, 1, 0, N_, 0), C(1, 4, 1, 1000, 1000, 128, 0, 0, N_, 0),
+    C(2, 4, 1, 17, 17, 128, 1, 1, N_, 0), C(1, 4, 2, 1000, 1000, 64, 1, 1, N_, 0),
+    /* N_q != N_k; a causal query that sees a single key (N_q = 1) */
+    C(2, 2, 2, 17, 255, 64, 0, 0, N_, 0), C(2, 2, 2, 17, 255, 64, 1, 0, N_, 0),
+    C(2, 2, 2, 255, 17, 64, 0, 0, N_, 0), C(2, 2, 2, 255, 17, 64, 1, 0, N_, 0),
+    C(2, 2, 1, 1, 255, 128, 1, 0, N_, 0), C(1, 4, 2, 255, 1000, 128, 0, 1, N_, 0),
+    C(2, 2, 2, 1000, 255, 64, 1, 0, N_, 0),
+    /* numerically hard inputs: scores of order +-1e4 (forward only, see harness.h) and
+     * +-1e2 (P nearly one-hot), near-constant rows */
+    C(2, 2, 2, 255, 255, 64, 0, 0, LL, 1), C(1, 2, 2, 1000, 1000, 128, 1, 0, LL, 1),
+    C(2, 2, 1, 255, 255, 64, 1, 1, LL, 1),
+    C(2, 2, 2, 255, 255, 64, 1, 0, ML, 0), C(1, 2, 1, 1000, 1000, 128, 0, 1, ML, 0),
+    C(2, 2, 2, 1000, 1000, 64, 0, 0, FR, 0), C(2, 2, 2, 255, 255, 128, 1, 1, FR, 0),
+};
+
+ParameterizedTestParameters(gpu, against_oracle)
+{
+    static gcase cases[64];
+    int n = 0;
+    /* bf16: the full grid N x d x causal */
+    const int Ns[] = { 1, 17, 255, 1000 };
+    for (int i = 0; i < 4; i++)
+        for (int d = 64; d <= 128; d += 64)
+            for (int causal = 0; causal < 2; causal++)
+                cases[n++] = (gcase)C(2, 2, 2, Ns[i], Ns[i], d, causal, 0, N_, 0);
+    for (size_t i = 0; i < sizeof fixed_cases / sizeof fixed_cases[0]; i++) cases[n++] = fixed_cases[i];
+    for (int i = 0; i < n; i++) cases[i].seed = test_seed((uint64_t)i);
+    return cr_make_param_array(gcase, cases, (size_t)n);
+}
+
+static void copy_inputs(attn_host *dst, const attn_host *src)
+{
+    memcpy(dst->q, src->q, attn_numel_q(&src->p) * 2);
+    memcpy(dst->k, src->k, attn_numel_kv(&src->p) * 2);
+    memcpy(dst->v, src->v, attn_numel_kv(&src->p) * 2);
+    if (src->d_o && dst->d_o) memcpy(dst->d_o, src->d_o, attn_numel_q(&src->p) * 2);
+}
+
+static void print_cmp(const char *what, const attn_cmp *c, int nc)
+{
+    fprintf(stderr, "%s\n", what);
+    for (int i = 0; i < nc; i++) attn_cmp_print(stderr, &c[i]);
+}
+
+ParameterizedTest(gcase *gc, gpu, against_oracle, .timeout = 600)
+{
+    need_gpu();
+    attn_oracle_threads = 2; /* Criterion runs several tests at once */
+    attn_problem p = test_problem(gc->B, gc->H, gc->H_kv, gc->N_q, gc->N_k, gc->d, gc->causal);
+    p.dtype = gc->fp16 ? ATTN_FP16 : ATTN_BF16;
+    char shape[256];
+    attn_problem_str(&p, "", ATTN_FORWARD, shape, sizeof shape);
+    int any_bwd = 0;
+    for (int i = 0; i < attn_nstages; i++) any_bwd |= attn_stages[i]->backward != NULL;
+    if (attn_baseline) any_bwd |= attn_baseline->backward != NULL;
+    int bwd = any_bwd && !gc->fwd_only;
+
+    attn_host in;
+    cr_assert_eq(attn_host_alloc(&in, &p, 1), 0);
+    attn_host_fill(&in, gc->seed, gc->kind);
+    attn_ref r;
+    cr_assert_eq(attn_oracle(&in, bwd ? ATTN_BACKWARD : ATTN_FORWARD, NULL, &r), 0);
+
+    int failures = 0, ran = 0;
+    char failed[1024] = "";
+    attn_host prev;
+    int have_prev = 0, prev_bwd = 0; /* prev: outputs of the last ladder stage that passed */
+    const char *prev_name = NULL;
+    int nall = attn_nstages + (attn_baseline ? 1 : 0);
+    for (int si = 0; si < nall; si++) {
+        const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
+        for (int dir = 0; dir <= (bwd && st->backward ? 1 : 0); dir++) {
+            attn_host t;
+            cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+            copy_inputs(&t, &in);
+            attn_run_info info;
+            attn_run_opts opts = { 0, 1 };
+            attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
+            const char *dn = dir ? "backward" : "forward";
+            if (rs == ATTN_RUN_REFUSED || rs == ATTN_RUN_NO_MEMORY) {
+                fprintf(stderr, "[INFO] %s %s%s kind=%d: refused, skipped: %s\n", st->name, dn, shape,
+                        (int)gc->kind, info.why);
+                attn_host_free(&t);
+                continue;
+            }
+            if (rs != ATTN_RUN_OK) {
+                fprintf(stderr, "%s %s%s seed %llu: %s\n", st->name, dn, shape,
+                        (unsigned long long)gc->seed, info.why);
+                failures++;
+                snprintf(failed + strlen(failed), sizeof failed - strlen(failed), " %s/%s(cuda)", st->name, dn);
+                attn_host_free(&t);
+                continue;
+            }
+            ran++;
+            attn_cmp c[5];
+            int nc, fails = attn_compare_all(c, &nc, &t, (attn_dir)dir, &r, NULL);
+            if (fails) {
+                char what[512];
+                snprintf(what, sizeof what, "%s %s%s kind=%d seed %llu: FAIL against the oracle",
+                         st->name, dn, shape, (int)gc->kind, (unsigned long long)gc->seed);
+                print_cmp(what, c, nc);
+                failures++;
+                snprintf(failed + strlen(failed), sizeof failed - strlen(failed), " %s/%s", st->name, dn);
+            }
+            /* consecutive ladder stages agree (backward results compared when both have one) */
+            if (si < attn_nstages && dir == (bwd && st->backward ? 1 : 0)) {
+                if (have_prev && !fails) {
+                    attn_dir cd = dir && prev_bwd ? ATTN_BACKWARD : ATTN_FORWARD;
+                    int sf = attn_compare_stages(c, &nc, &t, &prev, cd, &r);
+                    if (sf) {
+                        char what[512];
+                        snprintf(what, sizeof what, "%s vs %s %s%s seed %llu: the stages disagree",
+                                 st->name, prev_name, cd ? "backward" : "forward", shape,
+                                 (unsigned long long)gc->seed);
+                        print_cmp(what, c, nc);
+                        failures++;
+                        snprintf(failed + strlen(failed), sizeof failed - strlen(failed), " %s-vs-%s",
+                                 st->name, prev_name);
+                    }
+                }
+                if (have_prev) attn_host_free(&prev);
+                have_prev = 0;
+                if (!fails) {
+                    prev = t;
+                    prev_bwd = dir;
+                    prev_name = st->name;
+                    have_prev = 1;
+                    continue; /* t now owned by prev */
+                }
+            }
+            attn_host_free(&t);
+        }
+    }
+    if (have_prev) attn_host_free(&prev);
+    attn_ref_free(&r);
+    attn_host_free(&in);
+    if (ran == 0 && nall > 0) fprintf(stderr, "[INFO]%s: every stage refused this shape\n", shape);
+    cr_assert_eq(failures, 0, "%s kind=%d seed %llu: failed:%s", shape, (int)gc->kind,
+                 (unsigned long long)gc->seed, failed);
+}
+
+Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
+{
+    need_gpu();
+    const attn_stage *st = NULL;
+    for (int i = 0; i < attn_nstages; i++)
+        if (!strcmp(attn_stages[i]->name, "05_fa2")) st = attn_stages[i];
+    if (!st || !st->backward) cr_skip_test("no stage 05_fa2 with a backward pass");
+    attn_problem p = test_problem(2, 4, 2, 1000, 1000, 64, 1);
+    p.deterministic = 1;
+    attn_host a, b;
+    cr_assert_eq(attn_host_alloc(&a, &p, 1), 0);
+    cr_assert_eq(attn_host_alloc(&b, &p, 1), 0);
+    attn_host_fill(&a, test_seed(1000), ATTN_INPUT_NORMAL);
+    copy_inputs(&b, &a);
+    attn_run_info info;
+    attn_run_opts opts = { 0, 1 };
+    attn_run_status rs = attn_run(st, &a, ATTN_BACKWARD, &opts, &info);
+    if (rs == ATTN_RUN_REFUSED) cr_skip_test("05_fa2 refused: %s", info.why);
+    cr_assert_eq(rs, ATTN_RUN_OK, "%s", info.why);
+    cr_assert_eq(attn_run(st, &b, ATTN_BACKWARD, &opts, &info), ATTN_RUN_OK, "%s", info.why);
+    cr_assert_eq(memcmp(a.dq, b.dq, attn_numel_q(&p) * 2), 0, "dQ differs between two runs");
+    cr_assert_eq(memcmp(a.dk, b.dk, attn_numel_kv(&p) * 2), 0, "dK differs between two runs");
+    cr_assert_eq(memcmp(a.dv, b.dv, attn_numel_kv(&p) * 2), 0, "dV differs between two runs");
+    attn_host_free(&a);
+    attn_host_free(&b);
+}
+
+/* the program's --check on a shape big enough that rows are sampled */
+Test(gpu, program_sampled_check, .timeout = 300)
+{
+    need_gpu();
+    if (attn_nstages == 0) cr_skip_test("no stage built");
+    const attn_stage *st = attn_stages[attn_nstages - 1];
+    const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
+    for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++) {
+        char cmd[1024], out[] = "/tmp/attn_gpu_out_XXXXXX";
+        int fd = mkstemp(out);
+        cr_assert(fd >= 0);
+        close(fd);
+        snprintf(cmd, sizeof cmd, "%s/%s --batch 1 --heads 2 --seqlen 4096 --causal --check %s --seed %llu > %s 2>&1",
+                 build, st->name, dir ? "--backward" : "", (unsigned long long)test_seed(2000), out);
+        int rc = system(cmd);
+        FILE *f = fopen(out, "r");
+        char buf[8192] = "";
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[n] = 0;
+        if (f) fclose(f);
+        unlink(out);
+        rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+        if (rc == 2) cr_skip_test("%s refused: %s", st->name, buf);
+        cr_assert_eq(rc, 0, "%s exited %d:\n%s", cmd, rc, buf);
+        cr_assert(strstr(buf, "(sampled)") != NULL, "expected a sampled check:\n%s", buf);
+        cr_assert(strstr(buf, "check PASS") != NULL, "%s", buf);
+    }
+}

@@ -1,0 +1,322 @@
+/* tests/test_oracle.c: the float64 oracle against hand computations, identities of softmax
+ * attention, and finite differences (CPU only). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+#include "test_util.h"
+
+/* host tensors from float values (exactly representable ones in these tests) */
+static void set_all(uint16_t *x, const float *v, size_t n, attn_dtype t)
+{
+    for (size_t i = 0; i < n; i++) test_set(x, i, v[i], t);
+}
+
+Test(oracle, hand_computed_2x2)
+{
+    /* N=2, d=2, scale 1: S = Q K^T = [[1, 0], [0, 1]] */
+    attn_problem p = test_problem(1, 1, 1, 2, 2, 2, 0);
+    p.scale = 1.0f;
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    float q[] = { 1, 0, 0, 1 }, k[] = { 1, 0, 0, 1 }, v[] = { 1, 2, 3, 4 };
+    set_all(t.q, q, 4, p.dtype); set_all(t.k, k, 4, p.dtype); set_all(t.v, v, 4, p.dtype);
+    attn_ref r;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    double e = exp(1.0), p0 = e / (e + 1), p1 = 1 / (e + 1);
+    /* row 0: P = [e, 1] / (e + 1); row 1: P = [1, e] / (e + 1) */
+    cr_assert_float_eq(r.o[0], p0 * 1 + p1 * 3, 1e-12);
+    cr_assert_float_eq(r.o[1], p0 * 2 + p1 * 4, 1e-12);
+    cr_assert_float_eq(r.o[2], p1 * 1 + p0 * 3, 1e-12);
+    cr_assert_float_eq(r.o[3], p1 * 2 + p0 * 4, 1e-12);
+    cr_assert_float_eq(r.lse[0], log(e + 1), 1e-12);
+    cr_assert_float_eq(r.lse[1], log(e + 1), 1e-12);
+    attn_ref_free(&r);
+
+    /* causal: row 0 sees key 0 only, so O_0 = V_0 and L_0 = S_00 = 1 */
+    t.p.causal = 1;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    cr_assert_float_eq(r.o[0], 1.0, 1e-12);
+    cr_assert_float_eq(r.o[1], 2.0, 1e-12);
+    cr_assert_float_eq(r.lse[0], 1.0, 1e-12);
+    cr_assert_float_eq(r.o[2], p1 * 1 + p0 * 3, 1e-12); /* row 1 sees both */
+    attn_ref_free(&r);
+    attn_host_free(&t);
+}
+
+Test(oracle, causal_first_row_is_v0)
+{
+    /* N_q > N_k too: every row still sees key 0; row 0 sees only key 0 */
+    attn_problem p = test_problem(2, 3, 1, 9, 5, 8, 1);
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, 7, ATTN_INPUT_NORMAL);
+    attn_ref r;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    for (int b = 0; b < p.B; b++)
+        for (int h = 0; h < p.H; h++)
+            for (int c = 0; c < p.d; c++) {
+                size_t oi = (((size_t)b * p.N_q + 0) * p.H + h) * p.d + c;
+                size_t vi = (((size_t)b * p.N_k + 0) * p.H_kv + 0) * p.d + c;
+                cr_assert_float_eq(r.o[oi], attn_to_f32(t.v[vi], p.dtype), 1e-12);
+            }
+    /* rows i >= N_k - 1 see every key: same as the non-causal result */
+    attn_ref r2;
+    t.p.causal = 0;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r2), 0);
+    for (int b = 0; b < p.B; b++)
+        for (int i = p.N_k - 1; i < p.N_q; i++)
+            for (int h = 0; h < p.H; h++) {
+                size_t li = ((size_t)b * p.H + h) * p.N_q + i;
+                cr_assert_float_eq(r.lse[li], r2.lse[li], 1e-12);
+            }
+    attn_ref_free(&r); attn_ref_free(&r2);
+    attn_host_free(&t);
+}
+
+Test(oracle, rows_of_p_sum_to_one)
+{
+    /* V = 1 everywhere: O = sum_j P_ij = 1 */
+    attn_problem p = test_problem(1, 2, 2, 13, 29, 16, 0);
+    for (int causal = 0; causal < 2; causal++) {
+        p.causal = causal;
+        attn_host t;
+        cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+        attn_host_fill(&t, 3, ATTN_INPUT_NORMAL);
+        for (size_t i = 0; i < attn_numel_kv(&p); i++) test_set(t.v, i, 1.0f, p.dtype);
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+        for (size_t i = 0; i < attn_numel_q(&p); i++) cr_assert_float_eq(r.o[i], 1.0, 1e-12);
+        attn_ref_free(&r);
+        attn_host_free(&t);
+    }
+}
+
+Test(oracle, shift_invariance)
+{
+    /* K_j -> K_j + w adds scale * (Q_i . w) to every score of row i: P and O unchanged,
+     * L shifted by that constant. Small integers keep every input exact in bf16. */
+    attn_problem p = test_problem(1, 1, 1, 6, 7, 4, 0);
+    p.scale = 0.5f;
+    attn_host t, t2;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    cr_assert_eq(attn_host_alloc(&t2, &p, 0), 0);
+    attn_rng g;
+    attn_rng_init(&g, 11);
+    const float w[4] = { 1, -2, 3, 0 };
+    for (size_t i = 0; i < attn_numel_q(&p); i++) test_set(t.q, i, (float)((int)(attn_rng_u64(&g) % 5) - 2), p.dtype);
+    for (size_t i = 0; i < attn_numel_kv(&p); i++) {
+        float kv = (float)((int)(attn_rng_u64(&g) % 5) - 2), vv = (float)((int)(attn_rng_u64(&g) % 9) - 4);
+        test_set(t.k, i, kv, p.dtype);
+        test_set(t2.k, i, kv + w[i % 4], p.dtype);
+        test_set(t.v, i, vv, p.dtype);
+    }
+    memcpy(t2.q, t.q, attn_numel_q(&p) * 2);
+    memcpy(t2.v, t.v, attn_numel_kv(&p) * 2);
+    attn_ref r, r2;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    cr_assert_eq(attn_oracle(&t2, ATTN_FORWARD, NULL, &r2), 0);
+    for (size_t i = 0; i < attn_numel_q(&p); i++) cr_assert_float_eq(r.o[i], r2.o[i], 1e-12);
+    for (int i = 0; i < p.N_q; i++) {
+        double shift = 0;
+        for (int c = 0; c < 4; c++) shift += attn_to_f32(t.q[i * 4 + c], p.dtype) * w[c];
+        cr_assert_float_eq(r2.lse[i], r.lse[i] + p.scale * shift, 1e-10);
+    }
+    attn_ref_free(&r); attn_ref_free(&r2);
+    attn_host_free(&t); attn_host_free(&t2);
+}
+
+Test(oracle, gqa_equals_repeated_kv)
+{
+    /* H_kv = 1 (MQA) and H_kv = 2 against H_kv = H with K, V repeated; dK, dV of a shared
+     * head are the sums over its query heads */
+    for (int hkv = 1; hkv <= 2; hkv++)
+        for (int causal = 0; causal < 2; causal++) {
+            attn_problem p = test_problem(2, 4, hkv, 11, 9, 8, causal), pr = p;
+            pr.H_kv = p.H;
+            int G = p.H / p.H_kv;
+            attn_host t, tr;
+            cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+            cr_assert_eq(attn_host_alloc(&tr, &pr, 1), 0);
+            attn_host_fill(&t, 5 + hkv, ATTN_INPUT_NORMAL);
+            memcpy(tr.q, t.q, attn_numel_q(&p) * 2);
+            memcpy(tr.d_o, t.d_o, attn_numel_q(&p) * 2);
+            for (int b = 0; b < p.B; b++)
+                for (int j = 0; j < p.N_k; j++)
+                    for (int h = 0; h < p.H; h++)
+                        for (int c = 0; c < p.d; c++) {
+                            size_t src = (((size_t)b * p.N_k + j) * p.H_kv + h / G) * p.d + c;
+                            size_t dst = (((size_t)b * p.N_k + j) * p.H + h) * p.d + c;
+                            tr.k[dst] = t.k[src];
+                            tr.v[dst] = t.v[src];
+                        }
+            attn_ref r, rr;
+            cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, NULL, &r), 0);
+            cr_assert_eq(attn_oracle(&tr, ATTN_BACKWARD, NULL, &rr), 0);
+            for (size_t i = 0; i < attn_numel_q(&p); i++) {
+                cr_assert_float_eq(r.o[i], rr.o[i], 1e-12);
+                cr_assert_float_eq(r.dq[i], rr.dq[i], 1e-12);
+            }
+            for (size_t i = 0; i < attn_numel_lse(&p); i++) cr_assert_float_eq(r.lse[i], rr.lse[i], 1e-12);
+            for (int b = 0; b < p.B; b++)
+                for (int j = 0; j < p.N_k; j++)
+                    for (int g = 0; g < p.H_kv; g++)
+                        for (int c = 0; c < p.d; c++) {
+                            double sk = 0, sv = 0;
+                            for (int h = g * G; h < (g + 1) * G; h++) {
+                                size_t ri = (((size_t)b * p.N_k + j) * p.H + h) * p.d + c;
+                                sk += rr.dk[ri]; sv += rr.dv[ri];
+                            }
+                            size_t i = (((size_t)b * p.N_k + j) * p.H_kv + g) * p.d + c;
+                            cr_assert_float_eq(r.dk[i], sk, 1e-12);
+                            cr_assert_float_eq(r.dv[i], sv, 1e-12);
+                        }
+            attn_ref_free(&r); attn_ref_free(&rr);
+            attn_host_free(&t); attn_host_free(&tr);
+        }
+}
+
+/* loss = sum(O * dO) from float inputs */
+static double loss_of(const attn_problem *p, const float *q, const float *k, const float *v,
+                      const float *d_o)
+{
+    attn_ref r;
+    cr_assert_eq(attn_oracle_f32(p, q, k, v, NULL, ATTN_FORWARD, NULL, &r), 0);
+    double l = 0;
+    for (size_t i = 0; i < attn_numel_q(p); i++) l += r.o[i] * d_o[i];
+    attn_ref_free(&r);
+    return l;
+}
+
+static void fd_check(attn_problem p)
+{
+    size_t nq = attn_numel_q(&p), nkv = attn_numel_kv(&p);
+    float *q = malloc(nq * 4), *k = malloc(nkv * 4), *v = malloc(nkv * 4), *d_o = malloc(nq * 4);
+    attn_rng g;
+    attn_rng_init(&g, 99 + (uint64_t)p.causal);
+    for (size_t i = 0; i < nq; i++) { q[i] = (float)attn_rng_normal(&g); d_o[i] = (float)attn_rng_normal(&g); }
+    for (size_t i = 0; i < nkv; i++) { k[i] = (float)attn_rng_normal(&g); v[i] = (float)attn_rng_normal(&g); }
+    attn_ref r;
+    cr_assert_eq(attn_oracle_f32(&p, q, k, v, d_o, ATTN_BACKWARD, NULL, &r), 0);
+    const float h = 1e-3f;
+    struct { float *x; size_t n; const double *grad; const char *name; } ts[] = {
+        { q, nq, r.dq, "dQ" }, { k, nkv, r.dk, "dK" }, { v, nkv, r.dv, "dV" } };
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < ts[t].n; i++) {
+            float x0 = ts[t].x[i];
+            ts[t].x[i] = x0 + h;
+            double hp = (double)ts[t].x[i] - x0; /* the step actually taken in float */
+            double lp = loss_of(&p, q, k, v, d_o);
+            ts[t].x[i] = x0 - h;
+            double hm = x0 - (double)ts[t].x[i];
+            double lm = loss_of(&p, q, k, v, d_o);
+            ts[t].x[i] = x0;
+            double fd = (lp - lm) / (hp + hm);
+            cr_assert(fabs(fd - ts[t].grad[i]) <= 1e-5 * (1 + fabs(fd)),
+                      "%s[%zu]: finite difference %.9f, oracle %.9f (causal=%d)", ts[t].name, i, fd,
+                      ts[t].grad[i], p.causal);
+        }
+    attn_ref_free(&r);
+    free(q); free(k); free(v); free(d_o);
+}
+
+Test(oracle, backward_matches_finite_differences)
+{
+    fd_check(test_problem(1, 2, 1, 3, 4, 3, 0));
+    fd_check(test_problem(1, 2, 1, 5, 3, 3, 1));
+    fd_check(test_problem(2, 2, 2, 3, 3, 2, 1));
+}
+
+Test(oracle, sampling_covers_big_shapes)
+{
+    attn_problem p = test_problem(1, 2, 1, 16384, 16384, 128, 1);
+    attn_sample s;
+    attn_sample_choose(&s, &p, ATTN_FORWARD, 1);
+    cr_assert(s.sampled);
+    cr_assert_eq(s.rows_q, (size_t)64 * p.H * p.B);
+    cr_assert(strstr(s.note, "64 of 16384") != NULL, "%s", s.note);
+    attn_sample_free(&s);
+    attn_sample_choose(&s, &p, ATTN_BACKWARD, 1);
+    cr_assert(s.skipped, "a 16384^2 x 128 head is too big for the float64 backward: %s", s.note);
+    attn_sample_free(&s);
+    p.N_q = p.N_k = 4096; p.d = 64; p.B = 4; p.H = 8; p.H_kv = 2;
+    attn_sample_choose(&s, &p, ATTN_BACKWARD, 1);
+    cr_assert(s.sampled && !s.skipped, "%s", s.note);
+    cr_assert(s.rows_kv > 0 && s.rows_q > 0);
+    attn_sample_free(&s);
+    p.N_q = p.N_k = 100;
+    attn_sample_choose(&s, &p, ATTN_BACKWARD, 1);
+    cr_assert(!s.sampled && !s.skipped && s.mask_q == NULL, "%s", s.note);
+    attn_sample_free(&s);
+}
+
+Test(oracle, sampled_rows_match_full)
+{
+    /* a sampled forward computes exactly the full forward's values on its rows */
+    attn_problem p = test_problem(1, 2, 2, 300, 200, 16, 1);
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+    attn_host_fill(&t, 2, ATTN_INPUT_NORMAL);
+    attn_ref full, part;
+    cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, NULL, &full), 0);
+    attn_sample s = { 0 };
+    s.mask_q = calloc((size_t)p.B * p.N_q * p.H, 1);
+    s.mask_kv = calloc((size_t)p.B * p.N_k * p.H_kv, 1);
+    s.mask_unit = calloc((size_t)p.B * p.H_kv, 1);
+    s.mask_unit[1] = 1;
+    s.mask_q[(size_t)17 * p.H + 1] = 1;
+    s.mask_kv[(size_t)150 * p.H_kv + 1] = 1;
+    s.sampled = 1;
+    cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, &s, &part), 0);
+    for (int c = 0; c < p.d; c++) {
+        size_t qi = ((size_t)17 * p.H + 1) * p.d + c, ki = ((size_t)150 * p.H_kv + 1) * p.d + c;
+        cr_assert_float_eq(part.dq[qi], full.dq[qi], 1e-12);
+        cr_assert_float_eq(part.dk[ki], full.dk[ki], 1e-12);
+        cr_assert_float_eq(part.dv[ki], full.dv[ki], 1e-12);
+    }
+    attn_sample_free(&s);
+    attn_ref_free(&full); attn_ref_free(&part);
+    attn_host_free(&t);
+}
+
+Test(dtype, conversions_round_to_nearest_even)
+{
+    cr_assert_eq(attn_f32_to_bf16(1.0f), 0x3F80);
+    cr_assert_eq(attn_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);           /* tie -> even */
+    cr_assert_eq(attn_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);       /* tie -> even (up) */
+    cr_assert_eq(attn_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);
+    cr_assert_eq(attn_f32_to_f16(1.0f), 0x3C00);
+    cr_assert_eq(attn_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);           /* tie -> even */
+    cr_assert_eq(attn_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3C02);
+    cr_assert_eq(attn_f32_to_f16(65504.0f), 0x7BFF);
+    cr_assert_eq(attn_f32_to_f16(65519.0f), 0x7BFF);
+    cr_assert_eq(attn_f32_to_f16(65520.0f), 0x7C00);                  /* overflow -> inf */
+    cr_assert_eq(attn_f32_to_f16(0x1p-24f), 0x0001);                  /* smallest subnormal */
+    cr_assert_eq(attn_f32_to_f16(0x1p-25f), 0x0000);                  /* tie -> even (0) */
+    cr_assert_eq(attn_f32_to_f16(0x1.8p-25f), 0x0001);
+    cr_assert_eq(attn_f32_to_f16(-2.0f), 0xC000);
+    cr_assert(isnan(attn_f16_to_f32(attn_f32_to_f16(NAN))));
+    cr_assert(isnan(attn_bf16_to_f32(attn_f32_to_bf16(NAN))));
+    cr_assert(isnan(attn_bf16_to_f32(0xFFFF)) && isnan(attn_f16_to_f32(0xFFFF)), "poison is NaN");
+    /* every finite 16-bit value survives f32 and back */
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7C00) != 0x7C00) cr_assert_eq(attn_f32_to_f16(attn_f16_to_f32((uint16_t)h)), h);
+        if ((h & 0x7F80) != 0x7F80) cr_assert_eq(attn_f32_to_bf16(attn_bf16_to_f32((uint16_t)h)), h);
+    }
+}
+
+Test(dtype, normal_inputs_look_normal)
+{
+    attn_rng g;
+    attn_rng_init(&g, 1);
+    double s = 0, s2 = 0;
+    const int n = 200000;
+    for (int i = 0; i < n; i++) { double x = attn_rng_normal(&g); s += x; s2 += x * x; }
+    cr_assert(fabs(s / n) < 0.01 && fabs(s2 / n - 1) < 0.02, "mean %f var %f", s / n, s2 / n);
+    /* inputs are never all zeros or ones, and differ by seed */
+    attn_problem p = test_problem(1, 1, 1, 8, 8, 8, 0);
+    attn_host a, b;
+    attn_host_alloc(&a, &p, 1); attn_host_alloc(&b, &p, 1);
+    attn_host_fill(&a, 1, ATTN_INPUT_NORMAL); attn_host_fill(&b, 2, ATTN_INPUT_NORMAL);
+    cr_assert(memcmp(a.q, b.q, 128) != 0 && memcmp(a.q, a.k, 128) != 0 && memcmp(a.d_o, a.q, 128) != 0);
+    attn_host_free(&a); attn_host_free(&b);
+}
