@@ -140,20 +140,8 @@ static-check: all
 
 # ---- compute-sanitizer over every stage, forward and backward, small odd shapes ---------
 SANITIZER ?= $(if $(wildcard $(CUDA_HOME)/bin/compute-sanitizer),$(CUDA_HOME)/bin/compute-sanitizer,compute-sanitizer)
-SAN_TOOLS ?= memcheck racecheck initcheck synccheck
-SAN_SHAPES := --batch=1:--heads=2:--kv-heads=1:--seqlen=67:--dim=64:--causal \
-              --batch=1:--heads=2:--kv-heads=1:--seqlen=33:--dim=128 \
-              --batch=1:--heads=2:--seqlen-q=17:--seqlen-k=45:--dim=64:--causal
 sanitize: all
-	@fail=0; for s in $(STAGES) $(if $(CUBLAS_SRC),cublas); do \
-	  for tool in $(SAN_TOOLS); do for shape in $(SAN_SHAPES); do for dir in forward backward; do \
-	    args="$${shape//:/ } --check"; [ $$dir = backward ] && args="$$args --backward"; \
-	    log=$(BUILD)/sanitize.$$s.$$tool.log; \
-	    $(SANITIZER) --tool $$tool --error-exitcode 1 $(BUILD)/$$s $$args > $$log 2>&1; rc=$$?; \
-	    if [ $$rc = 0 ]; then echo "ok      $$tool $$s $$args"; \
-	    elif [ $$rc = 2 ]; then echo "skipped $$tool $$s $$args: $$(grep "^$$s:" $$log | tail -1)"; \
-	    else echo "FAILED  $$tool $$s $$args (exit $$rc):"; tail -n 30 $$log; fail=1; fi; \
-	  done; done; done; done; exit $$fail
+	bash tests/sanitize.sh $(SANITIZER) $(BUILD) $(STAGES) $(if $(CUBLAS_SRC),cublas)
 
 # ---- benchmarks and plots (scripts owned by plots/) ----------------------------------
 bench: all

@@ -1,4 +1,6 @@
 /* common/problem.c: problem defaults and validation, FLOP count, host tensors, inputs. */
+#include <pthread.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,13 +99,53 @@ void attn_host_poison_outputs(attn_host *t)
     if (t->dv) memset(t->dv, 0xFF, attn_numel_kv(p) * 2);
 }
 
-/* Each tensor draws from its own stream, so adding dO does not change Q, K, V. */
+/* Each tensor draws from its own stream, so adding dO does not change Q, K, V. A stream is
+ * cut into chunks of FILL_CHUNK elements, each with its own generator, so the values do not
+ * depend on how many threads fill them: at bench sizes (10^8 elements) one thread would
+ * spend seconds here, several times the GPU time being measured. */
+#define FILL_CHUNK ((size_t)1 << 16)
+#define FILL_THREADS_MAX 16
+
+typedef struct {
+    uint16_t *x;
+    size_t n;
+    uint64_t stream;
+    double mul;
+    attn_dtype t;
+    int tid, nthreads;
+} fill_job;
+
+static void *fill_chunks(void *arg)
+{
+    const fill_job *j = arg;
+    for (size_t c = (size_t)j->tid; c * FILL_CHUNK < j->n; c += (size_t)j->nthreads) {
+        attn_rng r;
+        attn_rng_init(&r, j->stream + c * 0xD1B54A32D192ED03ull);
+        size_t end = (c + 1) * FILL_CHUNK < j->n ? (c + 1) * FILL_CHUNK : j->n;
+        for (size_t i = c * FILL_CHUNK; i < end; i++)
+            j->x[i] = attn_from_f32((float)(j->mul * attn_rng_normal(&r)), j->t);
+    }
+    return NULL;
+}
+
 static void fill_normal(uint16_t *x, size_t n, uint64_t seed, uint64_t tag, double mul,
                         attn_dtype t)
 {
-    attn_rng r;
-    attn_rng_init(&r, seed * 0x9E3779B97F4A7C15ull + tag);
-    for (size_t i = 0; i < n; i++) x[i] = attn_from_f32((float)(mul * attn_rng_normal(&r)), t);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nthreads = cpus < 1 ? 1 : cpus > FILL_THREADS_MAX ? FILL_THREADS_MAX : (int)cpus;
+    if ((size_t)nthreads > n / FILL_CHUNK) nthreads = (int)(n / FILL_CHUNK) + 1;
+    fill_job jobs[FILL_THREADS_MAX];
+    pthread_t th[FILL_THREADS_MAX];
+    int started = 0;
+    for (int i = 0; i < nthreads; i++) {
+        jobs[i] = (fill_job){ x, n, seed * 0x9E3779B97F4A7C15ull + tag, mul, t, i, nthreads };
+        if (i > 0 && pthread_create(&th[i], NULL, fill_chunks, &jobs[i]) == 0) started |= 1 << i;
+    }
+    fill_chunks(&jobs[0]);
+    for (int i = 1; i < nthreads; i++) {
+        if (started & (1 << i)) pthread_join(th[i], NULL);
+        else fill_chunks(&jobs[i]);  /* no thread: do its chunks here */
+    }
 }
 
 void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)

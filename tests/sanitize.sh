@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every stage program,
+# forward and backward, at small odd shapes. Any finding fails; a shape a stage refuses
+# (exit 2, e.g. a stage without a backward pass) is reported as skipped.
+# Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
+set -u
+san=$1 build=$2; shift 2
+tools="memcheck racecheck initcheck synccheck"
+shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
+        "--batch 1 --heads 2 --kv-heads 1 --seqlen 33 --dim 128"
+        "--batch 1 --heads 2 --seqlen-q 17 --seqlen-k 45 --dim 64 --causal")
+command -v "$san" >/dev/null 2>&1 || { echo "sanitize: $san not found"; exit 2; }
+logdir=$build/sanitize
+mkdir -p "$logdir"
+# one background job per stage: the runs of a stage are serial, the stages run side by side
+for s in "$@"; do
+    (
+        for tool in $tools; do for i in "${!shapes[@]}"; do for dir in forward backward; do
+            args="${shapes[$i]} --check"; [ "$dir" = backward ] && args="$args --backward"
+            log="$logdir/$s.$tool.$i.$dir.log"
+            # shellcheck disable=SC2086
+            "$san" --tool "$tool" --error-exitcode 1 "$build/$s" $args > "$log" 2>&1
+            rc=$?
+            if [ $rc = 0 ]; then echo "ok      $tool $s $args"
+            elif [ $rc = 2 ]; then echo "skipped $tool $s $args: $(grep "^$s:" "$log" | tail -1)"
+            else echo "FAILED  $tool $s $args (exit $rc), log $log"; fi
+        done; done; done > "$logdir/$s.summary"
+    ) &
+done
+wait
+fail=0
+for s in "$@"; do
+    cat "$logdir/$s.summary"
+    if grep -q '^FAILED' "$logdir/$s.summary"; then
+        fail=1
+        for log in $(grep '^FAILED' "$logdir/$s.summary" | sed 's/.*, log //'); do tail -n 30 "$log"; done
+    fi
+done
+all=$(cat "$logdir"/*.summary)
+echo "sanitize: $(grep -c '^ok' <<< "$all") ok, $(grep -c '^skipped' <<< "$all") skipped," \
+     "$(grep -c '^FAILED' <<< "$all") failed"
+exit $fail
