@@ -1,0 +1,931 @@
+/* stages/05_fa2/attention.cu: FlashAttention-2 on the tensor cores (mma.sync, sm_80 and up).
+ *
+ * Changed from 04_backward: the same algorithm (Q-outer forward with the online softmax,
+ * K/V-outer backward that recomputes P_ij from L), now done the FlashAttention-2 way:
+ * - Tensor cores: every product is mma.sync.m16n8k16, bf16/fp16 operands, fp32 accumulators
+ *   (common/mma.cuh). Tiles are kept 16-bit in shared memory and fragments read with
+ *   ldmatrix (.trans where the operand is stored the other way round). The 16-byte chunks of
+ *   each row are XOR-swizzled with the row (chunk ^ row % 8), so the 8 rows one ldmatrix
+ *   phase reads fall in 8 different bank groups: no conflicts, no padding.
+ * - Copies global -> shared are 16-byte cp.async (zero-filled past N) into two buffers:
+ *   K_j+1, V_j+1 (backward: Q_i+1, dO_i+1) load while tile j is being computed.
+ * - Work split: the forward block owns Q_i (Br = 128 rows, Bc = 64 keys per K_j, V_j) and each
+ *   of its 4 warps 32 of those rows, never keys, so m_i and l_i live in the 4 lanes of a quad:
+ *   two shuffles and no shared-memory reduction. 32 rows (two mma tiles) per warp make every
+ *   K_j, V_j fragment read from shared memory feed two mmas; with 16 rows per warp (8 warps,
+ *   Q_i kept in registers) this kernel ran at 306 TFLOP/s instead of 335, short of shared-
+ *   memory bandwidth. Two blocks per SM.
+ * - Fewer non-matmul FLOPs: scores stay in the log2 domain (scale * LOG2E folded into the
+ *   FFMA in front of ex2), O_i is rescaled by one multiply per tile, l_i is summed across the
+ *   quad and O_i divided by it once, after the last tile.
+ * - P_ij never touches shared memory in the forward: the accumulator layout of S_ij is the A
+ *   operand layout of the next mma, after rounding pairs into bf16x2/f16x2 registers.
+ * - Grid over (query tiles, heads, batch); causal: tiles above the diagonal skipped, only the
+ *   tiles crossing it (or N_k) masked, and the biggest query tiles start first.
+ * - Backward (FA-2 Algorithm 2): a kernel for D = rowsum(dO ∘ O); then one block per K_j, V_j
+ *   (Bc = 128 keys of one kv head, 8 warps) that visits every query head of its GQA group and
+ *   every Q_i (Br = 64 rows) at or below the diagonal. S_ij and dP_ij are 64 x 128 products
+ *   (warps 2 x 4, 32 x 32 each); P_ij and dS_ij go to shared memory as 16-bit so that
+ *   dV_j += P_ijᵀ dO_i and dK_j += dS_ijᵀ Q_i can read them transposed (warps 4 x 2 over keys x
+ *   d, accumulators in registers for the whole loop); dQ_i += dS_ij K_j (warps 2 x 4) is added
+ *   to an fp32 accumulator with atomicAdd, and a last kernel scales and rounds it. The
+ *   accumulator is stored in the order the threads hold dQ_i, so that each atomic instruction
+ *   covers 128 contiguous bytes (223 -> 301 TFLOP/s over the row-major accumulator). Default.
+ * - Deterministic backward (--deterministic): the K/V kernel skips dQ; a Q-outer kernel (one
+ *   block per 64 query rows, 4 warps) recomputes S_ij, P_ij, dP_ij for every K_j it needs and
+ *   sums dQ_i in registers in a fixed order. Bitwise repeatable, no atomics, workspace D only
+ *   (O(N)); cost: 7 matmuls instead of 5 (S and dP are computed twice), 1.3x the time.
+ *   (Per-key-tile partial dQ buffers would be O(Tc N d): quadratic memory.)
+ * Why: stage 4 ran on the fp32 CUDA cores; matrix products belong on the tensor cores, and
+ * once they are there, shared-memory traffic, bank conflicts, load latency and the
+ * softmax's own FLOPs become the bottlenecks that the other changes address.
+ * Time (H200, bf16, B = 2, H = 16, N = 8192, d = 128, --bench): forward 335 TFLOP/s (causal
+ * 306), backward 303 (causal 281), deterministic backward 232; d = 64 (H = 32): forward 314
+ * (causal 297), backward 240 (causal 229). PyTorch's FA-2 on the same machine type (the
+ * anchors note, another run): 341 / 301, causal 314 / 281; d = 64: 301 / 280, 294 / 254.
+ * Memory: forward none beyond L; backward D [B, H, N_q] fp32 + the dQ accumulator, B H N_q d
+ * fp32 (N_q rounded up to 64) (deterministic: D only), all O(N).
+ * Shared memory per block: forward 96 KiB (d = 128) / 48 KiB (64); backward 161 KiB / 97 KiB;
+ * deterministic dQ kernel 96 / 48 KiB. A GPU with 99 KiB per block (RTX 4090, A6000) runs all
+ * but the d = 128 backward, which check() refuses there.
+ *
+ * Run: make build/05_fa2 && build/05_fa2 --seqlen 8192 --dim 128 --check --bench --backward
+ *      (add --deterministic for the atomic-free dQ)
+ */
+#include <stdio.h>
+#include "attn_device.cuh"
+#include "mma.cuh"
+
+#define WARP    32
+#define QUAD    4     /* lanes that share a row of an mma accumulator */
+#define Br      128   /* query rows per forward block: a Q_i tile */
+#define Bc      64    /* keys per K_j, V_j tile */
+#define THREADS 128   /* 4 warps of 32 query rows */
+#define MT      2     /* 16-row mma tiles per warp in the forward */
+#define MMA_M   16    /* an m16n8k16 tile: rows of A and C */
+#define MMA_N   8     /* columns of B and C */
+#define MMA_K   16    /* the reduction step */
+#define CHUNK   8     /* 16-bit elements in 16 bytes: one cp.async, one ldmatrix row */
+#define D_MAX   128   /* largest head dim supported */
+
+/* Dynamic shared memory of the forward, 16-bit: Q_i [Br][d], then two stages of
+ * K_j [Bc][d], V_j [Bc][d]. */
+static size_t smem_bytes(int d)
+{
+    return (size_t)(Br + 2 * 2 * Bc) * d * 2;
+}
+
+/* Keys that query i sees: all N_k, or keys 0 .. i when causal (key 0 always, also when
+ * N_q > N_k). */
+static __device__ __forceinline__ int visible_keys(const attn_problem p, int i)
+{
+    return p.causal ? min(i + 1, p.N_k) : p.N_k;
+}
+
+/* Max and sum over the QUAD lanes that share a row of an accumulator tile. */
+static __device__ __forceinline__ float row_max(float x)
+{
+    for (int o = 1; o < QUAD; o *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+static __device__ __forceinline__ float row_sum(float x)
+{
+    for (int o = 1; o < QUAD; o *= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* Byte offset of 16-byte chunk c of row r in a tile of row_bytes per row. The chunk index is
+ * XORed with r % 8 (inside each 128-byte segment), so the 8 rows an ldmatrix phase reads at
+ * the same logical chunk land on 8 different bank groups. */
+static __device__ __forceinline__ uint32_t swz(int r, int c, int row_bytes)
+{
+    return r * row_bytes + ((c ^ (r & 7)) << 4);
+}
+
+/* Fragment loaders. A tile is stored row-major in shared memory; "[m][k]" says what its
+ * rows and columns are. Lane l gives the row address for matrix l / 8, row l % 8.
+ * A operand (16 x 16) at rows m0.., columns k0.. of a tile stored [m][k] (Q, dO, dS). */
+static __device__ __forceinline__ void ldsm_a(uint32_t a[4], uint32_t tile, int row_bytes,
+                                              int m0, int k0)
+{
+    const int lane = threadIdx.x % WARP;
+    ldmatrix_x4(a, tile + swz(m0 + (lane & 15), k0 / CHUNK + lane / 16, row_bytes));
+}
+
+/* A operand (16 x 16, rows m0.., columns k0..) of a tile stored transposed, [k][m]
+ * (P_ij, dS_ij read as P_ijᵀ, dS_ijᵀ). */
+static __device__ __forceinline__ void ldsm_a_t(uint32_t a[4], uint32_t tile, int row_bytes,
+                                                int m0, int k0)
+{
+    const int lane = threadIdx.x % WARP;
+    ldmatrix_x4_trans(a, tile + swz(k0 + (lane & 7) + (lane / 16) * 8,
+                                    m0 / CHUNK + (lane / 8) % 2, row_bytes));
+}
+
+/* B operands of two neighbouring n-tiles (columns n0..n0+15, reduction k0..k0+15) of a tile
+ * stored [n][k] (K_j for Q Kᵀ, V_j for dO Vᵀ): b[0..1] columns n0.., b[2..3] n0+8.. */
+static __device__ __forceinline__ void ldsm_b(uint32_t b[4], uint32_t tile, int row_bytes,
+                                              int n0, int k0)
+{
+    const int lane = threadIdx.x % WARP;
+    ldmatrix_x4(b, tile + swz(n0 + (lane & 7) + (lane / 16) * 8, k0 / CHUNK + (lane / 8) % 2,
+                              row_bytes));
+}
+
+/* Same from a tile stored [k][n] (V_j for P V, dO_i and Q_i for dV and dK, K_j for dQ). */
+static __device__ __forceinline__ void ldsm_b_t(uint32_t b[4], uint32_t tile, int row_bytes,
+                                                int k0, int n0)
+{
+    const int lane = threadIdx.x % WARP;
+    ldmatrix_x4_trans(b, tile + swz(k0 + (lane & 15), n0 / CHUNK + lane / 16, row_bytes));
+}
+
+/* Start copying rows n0 .. n0+rows-1 of head h of x ([B, N, heads, d]) into the swizzled tile
+ * at shared address tile, 16 bytes per cp.async; rows past N are zero-filled, so
+ * out-of-range queries and keys stay finite. rows * d / CHUNK is a multiple of threads. */
+static __device__ __forceinline__ void load_tile(uint32_t tile, const void *x, int b, int n0,
+                                                 int rows, int N, int h, int heads, int d,
+                                                 int threads)
+{
+    const int chunks = d / CHUNK;
+    const uint16_t *base = (const uint16_t *)x + attn_row(b, n0, h, N, heads, d);
+    const size_t stride = (size_t)heads * d;
+#pragma unroll
+    for (int it = 0; it < rows * chunks / threads; it++) {
+        const int e = it * threads + threadIdx.x, r = e / chunks, c = e % chunks;
+        const int inside = n0 + r < N;
+        cp_async_16(tile + swz(r, c, 2 * d), base + (inside ? r * stride : 0) + c * CHUNK, inside);
+    }
+}
+
+/* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
+ * s holds n_tiles accumulator tiles along the keys; this thread's entries are rows row and
+ * row + 8, keys key + MMA_N * n + {0, 1}. */
+static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, int row, int key,
+                                                   int N_k, int causal)
+{
+#pragma unroll
+    for (int n = 0; n < n_tiles; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int k = key + MMA_N * n + c % 2, r = row + 8 * (c / 2);
+            if (k >= N_k || (causal && k > r)) s[n][c] = -INFINITY;
+        }
+}
+
+/* One block: query tile i0 .. i0+Br-1 of head h, batch b. Warp w owns query rows
+ * 32w..32w+31 as MT = 2 mma tiles of 16 rows, so every K_j or V_j fragment read from shared
+ * memory feeds two mmas. In an accumulator tile lane l holds rows l/4 and l/4 + 8, columns
+ * 2*(l%4) + {0, 1}: row index r = 2 mt + {0, 1} below is row l/4 + 16 mt + 8 {0, 1}.
+ * d and fp16 are literals at each call site: register arrays sized, loops unrolled, one
+ * mma instruction per dtype. */
+static __device__ __forceinline__ void tiled_attention(const attn_problem p, const attn_args a,
+                                                       const int d, const int fp16)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int row_bytes = 2 * d, tile_bytes = Bc * row_bytes;
+    const uint32_t Q_i = smem_u32(smem);            /* [Br][d] */
+    const uint32_t KV = Q_i + Br * row_bytes;       /* stage s: K_j at KV + 2s tile_bytes, V_j next */
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int b = blockIdx.z, h = blockIdx.y;
+    /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail. */
+    const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br;
+    const int h_kv = h / (p.H / p.H_kv);
+    const float scale_log2 = p.scale * LOG2E;
+
+    /* Causal: the last query row of the tile sees keys 0 .. that row, so the loop stops at
+     * the tile holding that key; tiles entirely above the diagonal are never loaded. */
+    const int last_row = min(i0 + Br, p.N_q) - 1;
+    const int n_keys = visible_keys(p, last_row);
+    const int Tc = (n_keys + Bc - 1) / Bc;
+
+    load_tile(Q_i, a.q, b, i0, Br, p.N_q, h, p.H, d, THREADS);
+    load_tile(KV, a.k, b, 0, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
+    load_tile(KV + tile_bytes, a.v, b, 0, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
+    cp_async_commit();
+
+    float o[MT][D_MAX / MMA_N][4];
+    float m[2 * MT], l[2 * MT];   /* running max (log2 domain) and this lane's part of the sum */
+#pragma unroll
+    for (int r = 0; r < 2 * MT; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < D_MAX / MMA_N; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) o[mt][n][c] = 0.0f;
+    const int row = i0 + warp * MT * MMA_M + lane / QUAD;   /* + 16 mt + 8 {0, 1} */
+
+    for (int j = 0; j < Tc; j++) {
+        const int j0 = j * Bc;
+        const uint32_t K_j = KV + (j % 2) * 2 * tile_bytes, V_j = K_j + tile_bytes;
+        cp_async_wait_all();
+        __syncthreads();   /* K_j, V_j have landed for all threads; tile j-1's buffer is free */
+        if (j + 1 < Tc) {  /* K_j+1, V_j+1 load while this tile is computed */
+            const uint32_t K_next = KV + ((j + 1) % 2) * 2 * tile_bytes;
+            load_tile(K_next, a.k, b, j0 + Bc, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
+            load_tile(K_next + tile_bytes, a.v, b, j0 + Bc, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
+        }
+        cp_async_commit();
+
+        /* S_ij = Q_i K_jᵀ for this warp's 32 rows. Q_i fragments are re-read from shared
+         * memory every tile: 32 rows of them would take 64 registers for the whole loop. */
+        float s[MT][Bc / MMA_N][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < Bc / MMA_N; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) s[mt][n][c] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < d / MMA_K; k++) {
+            uint32_t qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldsm_a(qa[mt], Q_i, row_bytes, (warp * MT + mt) * MMA_M, k * MMA_K);
+#pragma unroll
+            for (int n = 0; n < Bc / MMA_N; n += 2) {
+                uint32_t kb[4];
+                ldsm_b(kb, K_j, row_bytes, n * MMA_N, k * MMA_K);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(s[mt][n], qa[mt], kb[0], kb[1], fp16);
+                    mma_16816(s[mt][n + 1], qa[mt], kb[2], kb[3], fp16);
+                }
+            }
+        }
+        if (j0 + Bc > p.N_k || (p.causal && j0 + Bc - 1 > i0))
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                mask_scores(s[mt], Bc / MMA_N, row + mt * MMA_M, j0 + 2 * (lane % QUAD), p.N_k, p.causal);
+
+        /* Online softmax in the log2 domain: m holds max(S) * scale * log2(e) (scale > 0),
+         * so P = exp2(S * scale_log2 - m) is one FFMA and one ex2 per score. */
+        float alpha[2 * MT], m_use[2 * MT], l_tile[2 * MT];
+#pragma unroll
+        for (int r = 0; r < 2 * MT; r++) {
+            const int mt = r / 2, hf = r % 2;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < Bc / MMA_N; n++)
+                mx = fmaxf(mx, fmaxf(s[mt][n][2 * hf], s[mt][n][2 * hf + 1]));
+            const float m_new = fmaxf(m[r], row_max(mx) * scale_log2);
+            /* A row that has seen only masked keys has m_new = -inf: subtract 0 instead, so
+             * that exp2 gives 0 rather than exp2(-inf - -inf) = NaN. */
+            m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[r] = exp2_fast(m[r] - m_use[r]);   /* 0 on the first tile, 1 if m is unchanged */
+            m[r] = m_new;
+            l_tile[r] = 0.0f;
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < Bc / MMA_N; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int r = 2 * mt + c / 2;
+                    s[mt][n][c] = exp2_fast(fmaf(s[mt][n][c], scale_log2, -m_use[r]));   /* P_ij */
+                    l_tile[r] += s[mt][n][c];
+                }
+#pragma unroll
+        for (int r = 0; r < 2 * MT; r++) l[r] = alpha[r] * l[r] + l_tile[r];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < d / MMA_N; n++) {
+                o[mt][n][0] *= alpha[2 * mt];     o[mt][n][1] *= alpha[2 * mt];
+                o[mt][n][2] *= alpha[2 * mt + 1]; o[mt][n][3] *= alpha[2 * mt + 1];
+            }
+
+        /* O_i += P_ij V_j. Accumulator tiles 2k, 2k+1 of S (keys 16k..16k+15), rounded in
+         * pairs, are exactly the A fragment of reduction step k: P stays in registers. */
+#pragma unroll
+        for (int k = 0; k < Bc / MMA_K; k++) {
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                pa[mt][0] = pack_x2(s[mt][2 * k][0], s[mt][2 * k][1], fp16);
+                pa[mt][1] = pack_x2(s[mt][2 * k][2], s[mt][2 * k][3], fp16);
+                pa[mt][2] = pack_x2(s[mt][2 * k + 1][0], s[mt][2 * k + 1][1], fp16);
+                pa[mt][3] = pack_x2(s[mt][2 * k + 1][2], s[mt][2 * k + 1][3], fp16);
+            }
+#pragma unroll
+            for (int n = 0; n < d / MMA_N; n += 2) {
+                uint32_t vb[4];
+                ldsm_b_t(vb, V_j, row_bytes, k * MMA_K, n * MMA_N);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_16816(o[mt][n], pa[mt], vb[0], vb[1], fp16);
+                    mma_16816(o[mt][n + 1], pa[mt], vb[2], vb[3], fp16);
+                }
+            }
+        }
+    }
+    cp_async_wait_all();   /* nothing is in flight, but leave no copy behind */
+
+    /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2, written once. Every real row sees
+     * key 0, so l_i >= 1 and L_i is finite; rows past N_q are not stored. */
+#pragma unroll
+    for (int r = 0; r < 2 * MT; r++) {
+        const int mt = r / 2, hf = r % 2;
+        const float l_row = row_sum(l[r]);
+        const int i = row + mt * MMA_M + 8 * hf;
+        if (i >= p.N_q) continue;
+        const float inv_l = 1.0f / l_row;
+        uint16_t *out = (uint16_t *)a.o + attn_row(b, i, h, p.N_q, p.H, d) + 2 * (lane % QUAD);
+#pragma unroll
+        for (int n = 0; n < d / MMA_N; n++)
+            *(uint32_t *)(out + n * MMA_N) =
+                pack_x2(o[mt][n][2 * hf] * inv_l, o[mt][n][2 * hf + 1] * inv_l, fp16);
+        if (lane % QUAD == 0) a.lse[((size_t)b * p.H + h) * p.N_q + i] = (m[r] + log2f(l_row)) * LN2;
+    }
+}
+
+/* One kernel per head dim and dtype, each with literals inside (one kernel holding all four
+ * branches is register-allocated as a whole and spills). Two blocks of 4 warps per SM: up to
+ * 255 registers a thread, 2 x 96 KiB of shared memory at d = 128. */
+typedef void (*attention_fn)(attn_problem, attn_args);
+static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a)  { tiled_attention(p, a, 64, 0); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a)  { tiled_attention(p, a, 64, 1); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a) { tiled_attention(p, a, 128, 0); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a) { tiled_attention(p, a, 128, 1); }
+
+static attention_fn attention_kernel(const attn_problem *p)
+{
+    const int fp16 = p->dtype == ATTN_FP16;
+    if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
+    return fp16 ? attention_128_fp16 : attention_128_bf16;
+}
+
+/* ---- Backward ------------------------------------------------------------------------------ */
+
+#define BWD_THREADS 256 /* 8 warps */
+#define BWD_Bc 128    /* keys per backward block: K_j, V_j stay in shared memory */
+#define BWD_Br 64     /* query rows per step: Q_i, dO_i, L_i, D_i, double-buffered */
+#define DQ_Br  64     /* deterministic dQ kernel: query rows per block, 16 per warp */
+#define DQ_Bc  64     /* and keys per K_j, V_j tile */
+#define DQ_THREADS 128
+
+/* Backward dynamic shared memory: K_j, V_j [Bc][d]; two stages of Q_i, dO_i [Br][d]; P_ij and
+ * dS_ij [Br][Bc], all 16-bit; two stages of L_i, D_i [Br] fp32. */
+static size_t backward_smem_bytes(int d)
+{
+    return (size_t)(2 * BWD_Bc + 2 * 2 * BWD_Br) * d * 2 + (size_t)2 * BWD_Br * BWD_Bc * 2 +
+           2 * 2 * BWD_Br * sizeof(float);
+}
+
+/* Deterministic dQ kernel: Q_i, dO_i [Br][d] and two stages of K_j, V_j [Bc][d], 16-bit. */
+static size_t dq_smem_bytes(int d)
+{
+    return (size_t)(2 * DQ_Br + 2 * 2 * DQ_Bc) * d * 2;
+}
+
+/* Backward workspace: D, fp32 [B, H, N_q] (rounded up to 256 bytes, so that what follows
+ * stays aligned), then (atomic dQ only) the fp32 dQ accumulator, see dq_acc_bytes. */
+static size_t D_bytes(const attn_problem *p)
+{
+    const size_t bytes = (size_t)p->B * p->H * p->N_q * sizeof(float);
+    return (bytes + 255) / 256 * 256;
+}
+
+/* The dQ accumulator holds, for every (b, h) and query tile of BWD_Br rows, the tile's
+ * BWD_Br x d values in the order the backward's threads hold them in registers: value
+ * `slot` of thread t at slot * BWD_THREADS + t. Each atomicAdd instruction of a warp then
+ * covers 32 consecutive floats (4 full sectors) instead of 8 half-used ones. */
+static size_t dq_acc_bytes(const attn_problem *p)
+{
+    const size_t tiles = (size_t)p->B * p->H * attn_ceil_div(p->N_q, BWD_Br);
+    return p->deterministic ? 0 : tiles * BWD_Br * p->d * sizeof(float);
+}
+
+/* Where register dq[mt][n][c] of thread t (dQ_i += dS_ij K_j, warps 2 x 4 over rows x
+ * columns) sits in the query tile; its slot in the accumulator is (mt (d/32) + n) 4 + c. */
+static __device__ __forceinline__ void dq_position(int t, int mt, int n, int c, int d,
+                                                   int *row, int *col)
+{
+    const int warp = t / WARP, lane = t % WARP, wm = warp % 2, wn = warp / 2;
+    *row = 32 * wm + MMA_M * mt + lane / QUAD + 8 * (c / 2);
+    *col = wn * (d / 4) + MMA_N * n + 2 * (lane % QUAD) + c % 2;
+}
+
+/* D_i = rowsum(dO_i ∘ O_i), stored like L: [B, H, N_q]. One warp per row, rows taken in the
+ * [B, N_q, H] order of O, so that a warp reads whole rows and neighbouring warps neighbouring
+ * memory. */
+static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void *o, float *D)
+{
+    const size_t row = (size_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;   /* (b N_q + i) H + h */
+    if (row >= (size_t)p.B * p.N_q * p.H) return;
+    const int lane = threadIdx.x % WARP;
+    float acc = 0.0f;
+    for (int c = lane; c < p.d; c += WARP)
+        acc = fmaf(attn_load(d_o, row * p.d + c, p.dtype), attn_load(o, row * p.d + c, p.dtype), acc);
+    for (int k = WARP / 2; k > 0; k /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, k);
+    const int h = (int)(row % p.H), i = (int)(row / p.H % p.N_q), b = (int)(row / p.H / p.N_q);
+    if (lane == 0) D[((size_t)b * p.H + h) * p.N_q + i] = acc;
+}
+
+/* Start loading one step of the backward loop into a stage: Q_i, dO_i (rows i0.. of query
+ * head h) and L_i, D_i (fp32, 4 bytes per cp.async: those rows are not 16-byte aligned). */
+static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, const attn_problem *p,
+                                                 const attn_args *a, const float *D, int b,
+                                                 int h, int i0, int d)
+{
+    load_tile(QdO, a->q, b, i0, BWD_Br, p->N_q, h, p->H, d, BWD_THREADS);
+    load_tile(QdO + BWD_Br * 2 * d, a->d_o, b, i0, BWD_Br, p->N_q, h, p->H, d, BWD_THREADS);
+    if (threadIdx.x < 2 * BWD_Br) {   /* threads 0..Br-1 copy L_i, the next Br copy D_i */
+        const int r = threadIdx.x % BWD_Br;
+        const float *src = (threadIdx.x < BWD_Br ? a->lse : D) + ((size_t)b * p->H + h) * p->N_q + i0;
+        const int inside = i0 + r < p->N_q;
+        cp_async_4(LD + threadIdx.x * sizeof(float), src + (inside ? r : 0), inside);
+    }
+}
+
+/* One block: key tile j0 .. j0+Bc-1 of kv head h_kv, batch b (K/V outer, FA-2 Algorithm 2).
+ * K_j, V_j stay in shared memory and dK_j, dV_j in registers while the block visits every
+ * query head of the GQA group and every query tile Q_i that can see these keys; so dK_j,
+ * dV_j come out already summed over the group and are written once. dQ_i is shared by all
+ * key tiles: with dq_acc each block adds its part with atomicAdd; without (deterministic),
+ * dq_kernel computes it. Warp w = (wn, wm) = (w / 2, w % 2) owns
+ *   S_ij, dP_ij: queries 32 wm .. +31, keys 32 wn .. +31 of the step (2 x 4 mma tiles),
+ *   dK_j, dV_j:  keys 32 wn .. +31, columns wm d/2 .. +d/2 (2 x d/16 tiles),
+ *   dQ_i:        queries 32 wm .. +31, columns wn d/4 .. +d/4 (2 x d/32 tiles). */
+static __device__ __forceinline__ void tiled_backward(const attn_problem p, const attn_args a,
+                                                      const float *D, float *dq_acc,
+                                                      const int d, const int fp16)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int row_bytes = 2 * d, ps_bytes = 2 * BWD_Bc;
+    const int stage_bytes = 2 * BWD_Br * row_bytes;                /* Q_i then dO_i */
+    const int P_off = 2 * BWD_Bc * row_bytes + 2 * stage_bytes;    /* P_ij [Br][Bc] */
+    const int dS_off = P_off + BWD_Br * ps_bytes;                  /* dS_ij [Br][Bc] */
+    const int LD_off = dS_off + BWD_Br * ps_bytes;                 /* stage s: L_i, D_i [Br] */
+    const uint32_t K_j = smem_u32(smem);                           /* [Bc][d] */
+    const uint32_t V_j = K_j + BWD_Bc * row_bytes;                 /* [Bc][d] */
+    const uint32_t QdO = V_j + BWD_Bc * row_bytes;
+    const uint32_t P_ij = K_j + P_off, dS_ij = K_j + dS_off;
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int wm = warp % 2, wn = warp / 2;
+    const int b = blockIdx.z, h_kv = blockIdx.y, j0 = blockIdx.x * BWD_Bc;
+    const int group = p.H / p.H_kv;
+    const float scale_log2 = p.scale * LOG2E;
+
+    /* Causal: query tile t reaches row t*Br + Br - 1, which sees key j0 iff that is >= j0;
+     * the tiles before j0 / Br see none of these keys and are skipped. A step is one
+     * (query head, query tile) pair. */
+    const int Tr = (p.N_q + BWD_Br - 1) / BWD_Br;
+    const int t_first = p.causal ? min(j0 / BWD_Br, Tr) : 0;
+    const int tiles = Tr - t_first, steps = group * tiles;
+
+    load_tile(K_j, a.k, b, j0, BWD_Bc, p.N_k, h_kv, p.H_kv, d, BWD_THREADS);
+    load_tile(V_j, a.v, b, j0, BWD_Bc, p.N_k, h_kv, p.H_kv, d, BWD_THREADS);
+    if (steps > 0)
+        load_step(QdO, K_j + LD_off, &p, &a, D, b, h_kv * group, t_first * BWD_Br, d);
+    cp_async_commit();
+
+    float dK[2][D_MAX / 16][4], dV[2][D_MAX / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int n = 0; n < D_MAX / 16; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) dK[mt][n][c] = dV[mt][n][c] = 0.0f;
+
+    for (int t = 0; t < steps; t++) {
+        const int st = t % 2;
+        const int h = h_kv * group + t / tiles, i0 = (t_first + t % tiles) * BWD_Br;
+        const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + BWD_Br * row_bytes;
+        const float *L_i = (const float *)(smem + LD_off) + st * 2 * BWD_Br, *D_i = L_i + BWD_Br;
+        cp_async_wait_all();
+        __syncthreads();   /* step t has landed for all threads; everyone is done with t-1 */
+        if (t + 1 < steps)
+            load_step(QdO + (1 - st) * stage_bytes, K_j + LD_off + (1 - st) * 2 * BWD_Br * sizeof(float),
+                      &p, &a, D, b, h_kv * group + (t + 1) / tiles,
+                      (t_first + (t + 1) % tiles) * BWD_Br, d);
+        cp_async_commit();
+
+        /* Recompute S_ij = Q_i K_jᵀ and P_ij = exp2(S_ij scale log2e - L_i log2e) from the saved
+         * logsumexp: no max or sum needed. */
+        float s[2][4][4], dp[2][4][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) s[mt][n][c] = dp[mt][n][c] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < d / MMA_K; k++) {
+            uint32_t qa[2][4], kb[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) ldsm_a(qa[mt], Q_i, row_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+#pragma unroll
+            for (int n = 0; n < 2; n++) ldsm_b(kb[n], K_j, row_bytes, 32 * wn + 16 * n, k * MMA_K);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int n = 0; n < 2; n++) {
+                    mma_16816(s[mt][2 * n], qa[mt], kb[n][0], kb[n][1], fp16);
+                    mma_16816(s[mt][2 * n + 1], qa[mt], kb[n][2], kb[n][3], fp16);
+                }
+        }
+        const int need_mask = j0 + BWD_Bc > p.N_k || (p.causal && j0 + BWD_Bc - 1 > i0);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            const int r0 = 32 * wm + MMA_M * mt + lane / QUAD;   /* rows r0, r0 + 8 of the step */
+            if (need_mask)
+                mask_scores(s[mt], 4, i0 + r0, j0 + 32 * wn + 2 * (lane % QUAD), p.N_k, p.causal);
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float lse2 = L_i[r0 + 8 * (c / 2)] * LOG2E;
+#pragma unroll
+                for (int n = 0; n < 4; n++) s[mt][n][c] = exp2_fast(fmaf(s[mt][n][c], scale_log2, -lse2));
+            }
+        }
+
+        /* dP_ij = dO_i V_jᵀ */
+#pragma unroll
+        for (int k = 0; k < d / MMA_K; k++) {
+            uint32_t oa[2][4], vb[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) ldsm_a(oa[mt], dO_i, row_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+#pragma unroll
+            for (int n = 0; n < 2; n++) ldsm_b(vb[n], V_j, row_bytes, 32 * wn + 16 * n, k * MMA_K);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int n = 0; n < 2; n++) {
+                    mma_16816(dp[mt][2 * n], oa[mt], vb[n][0], vb[n][1], fp16);
+                    mma_16816(dp[mt][2 * n + 1], oa[mt], vb[n][2], vb[n][3], fp16);
+                }
+        }
+
+        /* dS_ij = P_ij ∘ (dP_ij - D_i). P_ij and dS_ij go to shared memory, 16-bit: dV_j and dK_j
+         * need them transposed, dQ_i needs every key of the tile. */
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int r = 32 * wm + MMA_M * mt + lane / QUAD + 8 * hf;
+                const float D_r = D_i[r];
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    const uint32_t at = swz(r, 4 * wn + n, ps_bytes) + 4 * (lane % QUAD);
+                    const float p0 = s[mt][n][2 * hf], p1 = s[mt][n][2 * hf + 1];
+                    *(uint32_t *)(smem + P_off + at) = pack_x2(p0, p1, fp16);
+                    *(uint32_t *)(smem + dS_off + at) =
+                        pack_x2(p0 * (dp[mt][n][2 * hf] - D_r), p1 * (dp[mt][n][2 * hf + 1] - D_r), fp16);
+                }
+            }
+        __syncthreads();
+
+        /* dV_j += P_ijᵀ dO_i and dK_j += dS_ijᵀ Q_i (scale applied once, at the end). */
+        const int cK = wm * (d / 2);
+#pragma unroll
+        for (int k = 0; k < BWD_Br / MMA_K; k++) {
+            uint32_t pa[2][4], sa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                ldsm_a_t(pa[mt], P_ij, ps_bytes, 32 * wn + MMA_M * mt, k * MMA_K);
+                ldsm_a_t(sa[mt], dS_ij, ps_bytes, 32 * wn + MMA_M * mt, k * MMA_K);
+            }
+#pragma unroll
+            for (int n = 0; n < d / 2 / MMA_N; n += 2) {
+                uint32_t ob[4], qb[4];
+                ldsm_b_t(ob, dO_i, row_bytes, k * MMA_K, cK + n * MMA_N);
+                ldsm_b_t(qb, Q_i, row_bytes, k * MMA_K, cK + n * MMA_N);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_16816(dV[mt][n], pa[mt], ob[0], ob[1], fp16);
+                    mma_16816(dV[mt][n + 1], pa[mt], ob[2], ob[3], fp16);
+                    mma_16816(dK[mt][n], sa[mt], qb[0], qb[1], fp16);
+                    mma_16816(dK[mt][n + 1], sa[mt], qb[2], qb[3], fp16);
+                }
+            }
+        }
+
+        /* This block's part of dQ_i = dS_ij K_j (unscaled: convert_dq_kernel applies scale). */
+        if (dq_acc) {
+            const int cQ = wn * (d / 4);
+            float dq[2][D_MAX / 32][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int n = 0; n < D_MAX / 32; n++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) dq[mt][n][c] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < BWD_Bc / MMA_K; k++) {
+                uint32_t sa[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) ldsm_a(sa[mt], dS_ij, ps_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+#pragma unroll
+                for (int n = 0; n < d / 4 / MMA_N; n += 2) {
+                    uint32_t kb[4];
+                    ldsm_b_t(kb, K_j, row_bytes, k * MMA_K, cQ + n * MMA_N);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma_16816(dq[mt][n], sa[mt], kb[0], kb[1], fp16);
+                        mma_16816(dq[mt][n + 1], sa[mt], kb[2], kb[3], fp16);
+                    }
+                }
+            }
+            /* red.global.add.f32, coalesced: see dq_acc_bytes. Rows past N_q add zeros (dO_i
+             * and D_i are zero-filled there), so no test is needed. */
+            float *dst = dq_acc + (((size_t)b * p.H + h) * Tr + i0 / BWD_Br) * BWD_Br * d + threadIdx.x;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int n = 0; n < d / 4 / MMA_N; n++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++)
+                        atomicAdd(dst + ((mt * (d / 32) + n) * 4 + c) * BWD_THREADS, dq[mt][n][c]);
+        }
+    }
+    cp_async_wait_all();
+
+    /* dK_j = scale sum dS_ijᵀ Q_i, dV_j = sum P_ijᵀ dO_i, written once; keys past N_k are not
+     * stored. Keys no query sees (causal, key >= N_q) get zeros. */
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int key = j0 + 32 * wn + MMA_M * mt + lane / QUAD + 8 * hf;
+            if (key >= p.N_k) continue;
+            const size_t e = attn_row(b, key, h_kv, p.N_k, p.H_kv, d) + wm * (d / 2) + 2 * (lane % QUAD);
+            uint16_t *dk = (uint16_t *)a.dk + e, *dv = (uint16_t *)a.dv + e;
+#pragma unroll
+            for (int n = 0; n < d / 2 / MMA_N; n++) {
+                *(uint32_t *)(dk + n * MMA_N) =
+                    pack_x2(p.scale * dK[mt][n][2 * hf], p.scale * dK[mt][n][2 * hf + 1], fp16);
+                *(uint32_t *)(dv + n * MMA_N) = pack_x2(dV[mt][n][2 * hf], dV[mt][n][2 * hf + 1], fp16);
+            }
+        }
+}
+
+/* One block per key tile: 161 KiB of shared memory at d = 128 allows one per SM anyway, and
+ * the dK_j, dV_j accumulators (128 registers a thread) need the registers. */
+typedef void (*backward_fn)(attn_problem, attn_args, const float *, float *);
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc)  { tiled_backward(p, a, D, dq_acc, 64, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc)  { tiled_backward(p, a, D, dq_acc, 64, 1); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 128, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 128, 1); }
+
+static backward_fn backward_kernel(const attn_problem *p)
+{
+    const int fp16 = p->dtype == ATTN_FP16;
+    if (p->d == 64) return fp16 ? backward_64_fp16 : backward_64_bf16;
+    return fp16 ? backward_128_fp16 : backward_128_bf16;
+}
+
+/* Deterministic dQ (Q outer, like the forward): one block per query tile Q_i of DQ_Br rows of
+ * head h, warp w owns rows 16w..16w+15 and keeps Q_i, dO_i fragments and the dQ_i accumulator
+ * in registers while it walks over K_j, V_j: S_ij, P_ij (from L), dP_ij = dO_i V_jᵀ,
+ * dS_ij = P_ij ∘ (dP_ij - D_i), and dQ_i += dS_ij K_j with dS_ij straight from the
+ * accumulators as in P V. Each dQ element is summed by one thread in key order. */
+static __device__ __forceinline__ void tiled_dq(const attn_problem p, const attn_args a,
+                                                const float *D, const int d, const int fp16)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int row_bytes = 2 * d, tile_bytes = DQ_Bc * row_bytes;
+    const uint32_t Q_i = smem_u32(smem);               /* [Br][d] */
+    const uint32_t dO_i = Q_i + DQ_Br * row_bytes;     /* [Br][d] */
+    const uint32_t KV = dO_i + DQ_Br * row_bytes;      /* stage s: K_j, V_j */
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int b = blockIdx.z, h = blockIdx.y;
+    const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * DQ_Br;
+    const int h_kv = h / (p.H / p.H_kv);
+    const float scale_log2 = p.scale * LOG2E;
+    const int last_row = min(i0 + DQ_Br, p.N_q) - 1;
+    const int n_keys = visible_keys(p, last_row);
+    const int Tc = (n_keys + DQ_Bc - 1) / DQ_Bc;
+
+    load_tile(Q_i, a.q, b, i0, DQ_Br, p.N_q, h, p.H, d, DQ_THREADS);
+    load_tile(dO_i, a.d_o, b, i0, DQ_Br, p.N_q, h, p.H, d, DQ_THREADS);
+    load_tile(KV, a.k, b, 0, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
+    load_tile(KV + tile_bytes, a.v, b, 0, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
+    cp_async_commit();
+
+    const int row = i0 + warp * MMA_M + lane / QUAD;   /* rows row, row + 8 */
+    float lse2[2], D_r[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = row + 8 * r;
+        const size_t e = ((size_t)b * p.H + h) * p.N_q + i;
+        lse2[r] = i < p.N_q ? a.lse[e] * LOG2E : 0.0f;
+        D_r[r] = i < p.N_q ? D[e] : 0.0f;
+    }
+    cp_async_wait_all();
+    __syncthreads();
+    uint32_t q[D_MAX / MMA_K][4], g[D_MAX / MMA_K][4];   /* Q_i and dO_i fragments */
+#pragma unroll
+    for (int k = 0; k < d / MMA_K; k++) {
+        ldsm_a(q[k], Q_i, row_bytes, warp * MMA_M, k * MMA_K);
+        ldsm_a(g[k], dO_i, row_bytes, warp * MMA_M, k * MMA_K);
+    }
+    float dq[D_MAX / MMA_N][4];
+#pragma unroll
+    for (int n = 0; n < D_MAX / MMA_N; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dq[n][c] = 0.0f;
+
+    for (int j = 0; j < Tc; j++) {
+        const int j0 = j * DQ_Bc;
+        const uint32_t K_j = KV + (j % 2) * 2 * tile_bytes, V_j = K_j + tile_bytes;
+        cp_async_wait_all();
+        __syncthreads();
+        if (j + 1 < Tc) {
+            const uint32_t K_next = KV + ((j + 1) % 2) * 2 * tile_bytes;
+            load_tile(K_next, a.k, b, j0 + DQ_Bc, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
+            load_tile(K_next + tile_bytes, a.v, b, j0 + DQ_Bc, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
+        }
+        cp_async_commit();
+
+        float s[DQ_Bc / MMA_N][4], dp[DQ_Bc / MMA_N][4];
+#pragma unroll
+        for (int n = 0; n < DQ_Bc / MMA_N; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[n][c] = dp[n][c] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < d / MMA_K; k++)
+#pragma unroll
+            for (int n = 0; n < DQ_Bc / MMA_N; n += 2) {
+                uint32_t kb[4], vb[4];
+                ldsm_b(kb, K_j, row_bytes, n * MMA_N, k * MMA_K);
+                ldsm_b(vb, V_j, row_bytes, n * MMA_N, k * MMA_K);
+                mma_16816(s[n], q[k], kb[0], kb[1], fp16);
+                mma_16816(s[n + 1], q[k], kb[2], kb[3], fp16);
+                mma_16816(dp[n], g[k], vb[0], vb[1], fp16);
+                mma_16816(dp[n + 1], g[k], vb[2], vb[3], fp16);
+            }
+        if (j0 + DQ_Bc > p.N_k || (p.causal && j0 + DQ_Bc - 1 > i0))
+            mask_scores(s, DQ_Bc / MMA_N, row, j0 + 2 * (lane % QUAD), p.N_k, p.causal);
+#pragma unroll
+        for (int n = 0; n < DQ_Bc / MMA_N; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float P = exp2_fast(fmaf(s[n][c], scale_log2, -lse2[c / 2]));
+                s[n][c] = P * (dp[n][c] - D_r[c / 2]);   /* dS_ij */
+            }
+#pragma unroll
+        for (int k = 0; k < DQ_Bc / MMA_K; k++) {
+            const uint32_t sa[4] = {
+                pack_x2(s[2 * k][0], s[2 * k][1], fp16), pack_x2(s[2 * k][2], s[2 * k][3], fp16),
+                pack_x2(s[2 * k + 1][0], s[2 * k + 1][1], fp16),
+                pack_x2(s[2 * k + 1][2], s[2 * k + 1][3], fp16)};
+#pragma unroll
+            for (int n = 0; n < d / MMA_N; n += 2) {
+                uint32_t kb[4];
+                ldsm_b_t(kb, K_j, row_bytes, k * MMA_K, n * MMA_N);
+                mma_16816(dq[n], sa, kb[0], kb[1], fp16);
+                mma_16816(dq[n + 1], sa, kb[2], kb[3], fp16);
+            }
+        }
+    }
+    cp_async_wait_all();
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int i = row + 8 * r;
+        if (i >= p.N_q) continue;
+        uint16_t *out = (uint16_t *)a.dq + attn_row(b, i, h, p.N_q, p.H, d) + 2 * (lane % QUAD);
+#pragma unroll
+        for (int n = 0; n < d / MMA_N; n++)
+            *(uint32_t *)(out + n * MMA_N) =
+                pack_x2(p.scale * dq[n][2 * r], p.scale * dq[n][2 * r + 1], fp16);
+    }
+}
+
+/* Two blocks of 4 warps per SM (96 KiB of shared memory each at d = 128). */
+typedef void (*dq_fn)(attn_problem, attn_args, const float *);
+static __global__ void __launch_bounds__(DQ_THREADS, 2) dq_64_bf16(attn_problem p, attn_args a, const float *D)  { tiled_dq(p, a, D, 64, 0); }
+static __global__ void __launch_bounds__(DQ_THREADS, 2) dq_64_fp16(attn_problem p, attn_args a, const float *D)  { tiled_dq(p, a, D, 64, 1); }
+static __global__ void __launch_bounds__(DQ_THREADS, 2) dq_128_bf16(attn_problem p, attn_args a, const float *D) { tiled_dq(p, a, D, 128, 0); }
+static __global__ void __launch_bounds__(DQ_THREADS, 2) dq_128_fp16(attn_problem p, attn_args a, const float *D) { tiled_dq(p, a, D, 128, 1); }
+
+static dq_fn dq_kernel(const attn_problem *p)
+{
+    const int fp16 = p->dtype == ATTN_FP16;
+    if (p->d == 64) return fp16 ? dq_64_fp16 : dq_64_bf16;
+    return fp16 ? dq_128_fp16 : dq_128_bf16;
+}
+
+/* dq = scale * the fp32 accumulator, rounded to the dtype and put back in the [B, N_q, H, d]
+ * layout. One thread per pair of neighbouring columns (slots c, c + 1): coalesced reads. */
+static __global__ void convert_dq_kernel(attn_problem p, const float *dq_acc, void *dq)
+{
+    const int d = p.d, Tr = (p.N_q + BWD_Br - 1) / BWD_Br, pairs = BWD_Br * d / BWD_THREADS / 2;
+    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)p.B * p.H * Tr * pairs * BWD_THREADS) return;
+    const int t = (int)(e % BWD_THREADS), pair = (int)(e / BWD_THREADS % pairs);
+    const size_t tile = e / BWD_THREADS / pairs;   /* (b H + h) Tr + query tile */
+    const int slot = 2 * pair, c = slot % 4, n = slot / 4 % (d / 32), mt = slot / 4 / (d / 32);
+    int row, col;
+    dq_position(t, mt, n, c, d, &row, &col);
+    const int i = (int)(tile % Tr) * BWD_Br + row;
+    if (i >= p.N_q) return;
+    const int h = (int)(tile / Tr % p.H), b = (int)(tile / Tr / p.H);
+    const float *src = dq_acc + tile * BWD_Br * d + slot * BWD_THREADS + t;
+    const size_t dst = attn_row(b, i, h, p.N_q, p.H, d) + col;
+    attn_store(dq, dst, p.scale * src[0], p.dtype);
+    attn_store(dq, dst + 1, p.scale * src[BWD_THREADS], p.dtype);
+}
+
+/* Blocks of `per_block` for n items (grid x takes up to 2^31 - 1 blocks). */
+static unsigned blocks_for(size_t n, int per_block)
+{
+    return (unsigned)((n + per_block - 1) / per_block);
+}
+
+static int check(const attn_problem *p, attn_dir dir, char *why)
+{
+    if (p->d != 64 && p->d != 128) {
+        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 05_fa2 supports 64 and 128", p->d);
+        return 1;
+    }
+    if (!(p->scale > 0.0f)) {   /* the running max is taken on unscaled scores */
+        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 05_fa2 needs a positive scale", p->scale);
+        return 1;
+    }
+    int dev = 0, smem_max = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        snprintf(why, ATTN_WHY_LEN, "05_fa2 cannot query the device");
+        return 1;
+    }
+    size_t smem = dir == ATTN_BACKWARD ? backward_smem_bytes(p->d) : smem_bytes(p->d);
+    if (dir == ATTN_BACKWARD && p->deterministic && dq_smem_bytes(p->d) > smem) smem = dq_smem_bytes(p->d);
+    if (smem > (size_t)smem_max) {
+        snprintf(why, ATTN_WHY_LEN,
+                 "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
+                 "%d KiB, too little for stage 05_fa2", p->d, (smem + 1023) / 1024, smem_max / 1024);
+        return 1;
+    }
+    return 0;
+}
+
+/* Forward: nothing beyond L. Backward: D and (atomic dQ) the fp32 dQ accumulator, both O(N);
+ * no N x N buffer, since S_ij and P_ij are recomputed on chip from L. */
+static size_t workspace(const attn_problem *p, attn_dir dir)
+{
+    return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) : 0;
+}
+
+static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
+{
+    const size_t smem = smem_bytes(p->d);
+    const attention_fn kernel = attention_kernel(p);
+    /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
+    ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid(attn_ceil_div(p->N_q, Br), p->H, p->B);
+    kernel<<<grid, THREADS, smem, s>>>(*p, *a);
+    ATTN_LAUNCH_CHECK();
+    return cudaSuccess;
+}
+
+/* D, then the K/V-outer backward (dK, dV written; dQ accumulated in fp32 with atomics, or
+ * skipped), then dQ: scaled and rounded from the accumulator, or the deterministic dq_kernel. */
+static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStream_t s)
+{
+    float *D = (float *)a->ws;
+    float *dq_acc = p->deterministic ? NULL : (float *)((char *)a->ws + D_bytes(p));
+    const size_t n_rows = (size_t)p->B * p->H * p->N_q;
+    const size_t n_pairs = dq_acc_bytes(p) / sizeof(float) / 2;   /* column pairs of dQ */
+
+    /* The workspace arrives poisoned, and the accumulator must start at zero. */
+    if (dq_acc) ATTN_TRY(cudaMemsetAsync(dq_acc, 0, dq_acc_bytes(p), s));
+    rowdot_kernel<<<blocks_for(n_rows, THREADS / WARP), THREADS, 0, s>>>(*p, a->d_o, a->o, D);
+    ATTN_LAUNCH_CHECK();
+
+    const size_t smem = backward_smem_bytes(p->d);
+    const backward_fn kernel = backward_kernel(p);
+    ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
+    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc);
+    ATTN_LAUNCH_CHECK();
+
+    if (dq_acc) {
+        convert_dq_kernel<<<blocks_for(n_pairs, THREADS), THREADS, 0, s>>>(*p, dq_acc, a->dq);
+    } else {
+        const size_t dq_smem = dq_smem_bytes(p->d);
+        const dq_fn dq = dq_kernel(p);
+        ATTN_TRY(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem));
+        const dim3 dq_grid(attn_ceil_div(p->N_q, DQ_Br), p->H, p->B);
+        dq<<<dq_grid, DQ_THREADS, dq_smem, s>>>(*p, *a, D);
+    }
+    ATTN_LAUNCH_CHECK();
+    return cudaSuccess;
+}
+
+ATTN_EXPORT const attn_stage stage_05_fa2 = {
+    "05_fa2",
+    "FlashAttention-2: mma.sync tensor cores, swizzled ldmatrix, cp.async double buffering, warps split queries",
+    "head dim 64 or 128; bf16, fp16; any N; causal; GQA; dQ by fp32 atomics, or deterministic (Q-outer dQ kernel)",
+    80,
+    check,
+    workspace,
+    forward,
+    backward,
+};
