@@ -25,6 +25,21 @@
         if (attn_err_ != cudaSuccess) return attn_err_;       \
     } while (0)
 
+#define WARP 32   /* threads per warp */
+
+/* Max and sum of x over the 32 lanes of a warp (butterfly: every lane gets the result). */
+static __device__ __forceinline__ float warp_max(float x)
+{
+    for (int o = WARP / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+static __device__ __forceinline__ float warp_sum(float x)
+{
+    for (int o = WARP / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
 static inline int attn_ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 /* One 16-bit element of dtype t at index i of base, as float. The dtype is uniform across

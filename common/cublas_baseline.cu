@@ -31,7 +31,6 @@
 #include "attn_device.cuh"
 
 #define THREADS        256                /* threads per block */
-#define WARP           32
 #define ROWS_PER_BLOCK (THREADS / WARP)   /* row kernels: one warp per row */
 #define ROW_ALIGN      8                  /* 16-bit elements in 16 bytes: row alignment */
 #define WS_ALIGN       256                /* bytes: alignment of each part of the workspace */
@@ -60,18 +59,6 @@ typedef struct {
 } context;
 
 static cublasHandle_t handle;   /* created on first use, kept for the life of the program */
-
-static __device__ __forceinline__ float warp_max(float x)
-{
-    for (int o = WARP / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-static __device__ __forceinline__ float warp_sum(float x)
-{
-    for (int o = WARP / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
 
 static __device__ __forceinline__ const void *matrix_address(operand m, int b, int h)
 {

@@ -32,7 +32,6 @@
 #include "attn_device.cuh"
 
 #define THREADS        256                /* threads per block */
-#define WARP           32
 #define ROWS_PER_BLOCK (THREADS / WARP)   /* softmax_kernel: one warp per row */
 
 /* Keys that query i sees: all N_k, or keys 0 .. i when causal (key 0 always, also when
@@ -40,18 +39,6 @@
 static __device__ __forceinline__ int visible_keys(const attn_problem p, int i)
 {
     return p.causal ? min(i + 1, p.N_k) : p.N_k;
-}
-
-static __device__ __forceinline__ float warp_max(float x)
-{
-    for (int o = WARP / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-static __device__ __forceinline__ float warp_sum(float x)
-{
-    for (int o = WARP / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
 }
 
 /* 1. S = scale Q K^T, one thread per score S[b, h, i, j]. A score that query i cannot see is

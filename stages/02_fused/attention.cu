@@ -30,7 +30,6 @@
 
 #define Br        2                /* query rows per block: a Q_i tile */
 #define THREADS   256              /* threads per block */
-#define WARP      32
 #define D_MAX     128              /* largest head dim supported */
 #define LANE_COLS (D_MAX / WARP)   /* head-dim elements per lane in a dot product (4) */
 
@@ -45,18 +44,6 @@ static size_t smem_bytes(int N_k)
 static __device__ __forceinline__ int visible_keys(const attn_problem p, int i)
 {
     return p.causal ? min(i + 1, p.N_k) : p.N_k;
-}
-
-static __device__ __forceinline__ float warp_max(float x)
-{
-    for (int o = WARP / 2; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-static __device__ __forceinline__ float warp_sum(float x)
-{
-    for (int o = WARP / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
 }
 
 /* One block: query rows i0 .. i0+Br-1 of head h, batch b. */

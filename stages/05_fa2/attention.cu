@@ -56,7 +56,6 @@
 #include "attn_device.cuh"
 #include "mma.cuh"
 
-#define WARP    32
 #define QUAD    4     /* lanes that share a row of an mma accumulator */
 #define Br      128   /* query rows per forward block: a Q_i tile */
 #define Bc      64    /* keys per K_j, V_j tile */
