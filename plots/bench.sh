@@ -131,7 +131,20 @@ summary() {
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench.XXXXXX") || exit 2
 trap 'rm -rf "$WORK"' EXIT
-trap 'echo; echo "bench: interrupted; the rows so far are in the .part file(s)"; exit 130' INT TERM
+# Interrupted (e.g. by `timeout` at the end of a device lease): with MERGE=1 the rows measured
+# so far are merged in, since each one is complete; otherwise they stay in the .part file.
+ACTIVE_CSV=
+on_interrupt() {
+    echo
+    if [ "$MERGE" = 1 ] && [ -n "$ACTIVE_CSV" ]; then
+        echo "bench: interrupted; merging the rows measured so far"
+        finish_csv "$ACTIVE_CSV"
+    else
+        echo "bench: interrupted; the rows so far are in the .part file(s)"
+    fi
+    exit 130
+}
+trap on_interrupt INT TERM
 
 if [ "${1:-}" = --summary ]; then
     csv=${2:-}
@@ -247,12 +260,16 @@ run_point() {
 start_csv() {
     if [ -e "$1.part" ]; then echo "bench: discarding $1.part left by an earlier run"; fi
     rm -f "$1.part"
+    ACTIVE_CSV=$1
 }
 
 # finish_csv FILE: moves the collected rows into place; with MERGE=1, rows of FILE that
 # this run did not re-measure (key: stage, direction, dtype and shape) are kept.
 finish_csv() {
     part=$1.part
+    ACTIVE_CSV=
+    # keep only whole rows (16 fields): a program killed mid-write leaves none behind
+    awk -F, 'NF == 16' "$part" > "$part.whole" 2>/dev/null && mv "$part.whole" "$part"
     if [ ! -s "$part" ]; then echo "bench: no rows collected for $1; left as it was"; return; fi
     if [ "$MERGE" = 1 ] && [ -s "$1" ]; then
         awk -F, '
