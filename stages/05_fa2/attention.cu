@@ -12,9 +12,9 @@
  * - Work split: the forward block owns Q_i (Br = 128 rows, Bc = 64 keys per K_j, V_j) and each
  *   of its 4 warps 32 of those rows, never keys, so m_i and l_i live in the 4 lanes of a quad:
  *   two shuffles and no shared-memory reduction. 32 rows (two mma tiles) per warp make every
- *   K_j, V_j fragment read from shared memory feed two mmas; with 16 rows per warp (8 warps,
- *   Q_i kept in registers) this kernel ran at 306 TFLOP/s instead of 335, short of shared-
- *   memory bandwidth. Two blocks per SM.
+ *   K_j, V_j fragment read from shared memory feed two mmas; a variant with 16 rows per warp
+ *   (8 warps, Q_i kept in registers) was slower during development, short of shared-memory
+ *   bandwidth. Two blocks per SM.
  * - Fewer non-matmul FLOPs: scores stay in the log2 domain (scale * LOG2E folded into the
  *   FFMA in front of ex2), O_i is rescaled by one multiply per tile, l_i is summed across the
  *   quad and O_i divided by it once, after the last tile.
@@ -30,19 +30,21 @@
  *   d, accumulators in registers for the whole loop); dQ_i += dS_ij K_j (warps 2 x 4) is added
  *   to an fp32 accumulator with atomicAdd, and a last kernel scales and rounds it. The
  *   accumulator is stored in the order the threads hold dQ_i, so that each atomic instruction
- *   covers 128 contiguous bytes (223 -> 301 TFLOP/s over the row-major accumulator). Default.
+ *   covers 128 contiguous bytes (a row-major accumulator made the backward about a third
+ *   slower during development). Default.
  * - Deterministic backward (--deterministic): the K/V kernel skips dQ; a Q-outer kernel (one
  *   block per 64 query rows, 4 warps) recomputes S_ij, P_ij, dP_ij for every K_j it needs and
  *   sums dQ_i in registers in a fixed order. Bitwise repeatable, no atomics, workspace D only
- *   (O(N)); cost: 7 matmuls instead of 5 (S and dP are computed twice), 1.3x the time.
+ *   (O(N)); cost: 7 matmuls instead of 5 (S and dP are computed twice).
  *   (Per-key-tile partial dQ buffers would be O(Tc N d): quadratic memory.)
  * Why: stage 4 ran on the fp32 CUDA cores; matrix products belong on the tensor cores, and
  * once they are there, shared-memory traffic, bank conflicts, load latency and the
  * softmax's own FLOPs become the bottlenecks that the other changes address.
- * Time (H200, bf16, B = 2, H = 16, N = 8192, d = 128, --bench): forward 335 TFLOP/s (causal
- * 306), backward 303 (causal 281), deterministic backward 232; d = 64 (H = 32): forward 314
- * (causal 297), backward 240 (causal 229). PyTorch's FA-2 on the same machine type (the
- * anchors note, another run): 341 / 301, causal 314 / 281; d = 64: 301 / 280, 294 / 254.
+ * Time: about PyTorch's FA-2 backend on the same H200, a few percent short of it at d = 128
+ * and further short in the d = 64 backward; the measured table, ratios per shape and what
+ * limits it are in docs/05_fa2.md (generated from plots/results/). The deterministic
+ * backward costs the two extra matmuls. Tried and reverted: skipping the O_i rescale when no
+ * row max moved (a warp vote) spilled at the 255-register cap.
  * Memory: forward none beyond L; backward D [B, H, N_q] fp32 + the dQ accumulator, B H N_q d
  * fp32 (N_q rounded up to 64) (deterministic: D only), all O(N).
  * Shared memory per block: forward 96 KiB (d = 128) / 48 KiB (64); backward 161 KiB / 97 KiB;
