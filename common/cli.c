@@ -326,7 +326,10 @@ int attn_main(const attn_stage *st, int argc, char **argv)
     if (c.csv) {
         const char *status = exit_code == 1 ? "failed" : "ok";
         char note[ATTN_MSG_LEN];
-        snprintf(note, sizeof note, "%s", exit_code == 1 ? fail_note : (c.check ? "checked" : ""));
+        /* a deterministic backward is another variant of the stage: say so in the row */
+        snprintf(note, sizeof note, "%s%s",
+                 p.deterministic && c.dir == ATTN_BACKWARD ? "deterministic " : "",
+                 exit_code == 1 ? fail_note : (c.check ? "checked" : ""));
         if (attn_csv_append(c.csv, info.device, st->name, &p, c.dir, c.bench ? info.median_ms : 0,
                             tflops, info.workspace_bytes, status, note))
             fprintf(stderr, "%s: cannot append to %s\n", st->name, c.csv);
