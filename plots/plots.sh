@@ -227,4 +227,5 @@ if [ -n "$LONG" ]; then
     draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16, $GPU; x = where a stage stopped" \
         "time per call (ms)" "%g" 0 0 ""
 fi
+sh plots/docs_tables.sh --update docs/*.md || status=1
 exit $status

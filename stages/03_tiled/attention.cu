@@ -19,7 +19,8 @@
  * every step; on a GPU, where a block is the unit that owns state, Q-outer is the natural
  * mapping (FA-2 later made it the algorithm). What this stage still leaves for stage 5:
  * tensor cores, warps that split query rows so no softmax statistic crosses warps, exp2
- * with the scale folded in, rescaling only when needed, a sequence-parallel grid.
+ * with the scale folded in, P_ij kept in registers. (The grid is already parallel over the
+ * sequence: one block per Q_i tile, head and batch element.)
  *
  * Run: make build/03_tiled && build/03_tiled --seqlen 4096 --dim 128 --causal --check
  */
