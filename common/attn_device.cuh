@@ -64,4 +64,17 @@ static __device__ __forceinline__ size_t attn_row(int b, int n, int h, int N, in
     return (((size_t)b * N + n) * heads + h) * d;
 }
 
+/* The position (b, n, h, c) of flat index idx in a [B, N, heads, d] tensor. */
+typedef struct { int b, n, h, c; } attn_pos;
+
+static __device__ __forceinline__ attn_pos attn_unflatten(size_t idx, int N, int heads, int d)
+{
+    attn_pos q;
+    q.c = (int)(idx % d);
+    q.h = (int)(idx / d % heads);
+    q.n = (int)(idx / d / heads % N);
+    q.b = (int)(idx / d / heads / N);
+    return q;
+}
+
 #endif /* ATTN_DEVICE_CUH */

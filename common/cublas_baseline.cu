@@ -130,14 +130,11 @@ static __global__ void group_sum_kernel(attn_problem p, const float *acc, void *
 {
     const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (size_t)p.B * p.N_k * p.H_kv * p.d) return;
-    const int c = idx % p.d;
-    const int h_kv = (idx / p.d) % p.H_kv;
-    const int j = (idx / p.d / p.H_kv) % p.N_k;
-    const int b = idx / p.d / p.H_kv / p.N_k;
+    const attn_pos x = attn_unflatten(idx, p.N_k, p.H_kv, p.d);   /* x.n = key j, x.h = h_kv */
     const int group = p.H / p.H_kv;
     float sum = 0.0f;
-    for (int h = h_kv * group; h < (h_kv + 1) * group; h++)
-        sum += acc[(((size_t)b * p.H + h) * p.N_k + j) * p.d + c];
+    for (int h = x.h * group; h < (x.h + 1) * group; h++)
+        sum += acc[(((size_t)x.b * p.H + h) * p.N_k + x.n) * p.d + x.c];
     attn_store(out, idx, sum, p.dtype);
 }
 
