@@ -160,6 +160,32 @@ static __device__ __forceinline__ void load_tile(uint32_t tile, const void *x, i
     }
 }
 
+/* Epilogue, 16 bytes a store: a warp puts its accumulators, rounded in pairs, into a swizzled
+ * 16-bit tile at byte offset off of shared memory (put_pair: row r, columns col, col + 1),
+ * then copies its own rows r0 .. r0+rows-1, columns c0 .. c0+cols-1, to rows n0 + r of head
+ * h of x ([B, N, heads, d]) whole 16-byte chunks at a time (store_rows); rows past N are not
+ * written. Only the warp's own rows are read back, so __syncwarp() between the two is enough. */
+static __device__ __forceinline__ void put_pair(int off, int row_bytes, int r, int col, uint32_t v)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    *(uint32_t *)(smem + off + swz(r, col / CHUNK, row_bytes) + col % CHUNK * 2) = v;
+}
+
+static __device__ __forceinline__ void store_rows(void *x, int off, int r0, int rows, int c0,
+                                                  int cols, int b, int n0, int N, int h,
+                                                  int heads, int d)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int lane = threadIdx.x % WARP, chunks = cols / CHUNK;
+#pragma unroll
+    for (int it = 0; it < rows * chunks / WARP; it++) {
+        const int e = it * WARP + lane, r = r0 + e / chunks, c = c0 / CHUNK + e % chunks;
+        if (n0 + r < N)
+            *(uint4 *)((uint16_t *)x + attn_row(b, n0 + r, h, N, heads, d) + c * CHUNK) =
+                *(const uint4 *)(smem + off + swz(r, c, 2 * d));
+    }
+}
+
 /* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
  * s holds n_tiles accumulator tiles along the keys; this thread's entries are rows row and
  * row + 8, keys key + MMA_N * n + {0, 1}. */
@@ -327,21 +353,25 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     cp_async_wait_all();   /* nothing is in flight, but leave no copy behind */
 
     /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2, written once. Every real row sees
-     * key 0, so l_i >= 1 and L_i is finite; rows past N_q are not stored. */
+     * key 0, so l_i >= 1 and L_i is finite; rows past N_q are not stored. O_i goes out through
+     * this warp's rows of the Q_i tile, which no other warp reads (__syncwarp: nor does a lane
+     * of this one any more, since lanes of a warp are not in lockstep). */
+    __syncwarp();
 #pragma unroll
     for (int r = 0; r < 2 * MT; r++) {
         const int mt = r / 2, hf = r % 2;
         const float l_row = row_sum(l[r]);
         const int i = row + mt * MMA_M + 8 * hf;
-        if (i >= p.N_q) continue;
         const float inv_l = 1.0f / l_row;
-        uint16_t *out = (uint16_t *)a.o + attn_row(b, i, h, p.N_q, p.H, d) + 2 * (lane % QUAD);
 #pragma unroll
         for (int n = 0; n < d / MMA_N; n++)
-            *(uint32_t *)(out + n * MMA_N) =
-                pack_x2(o[mt][n][2 * hf] * inv_l, o[mt][n][2 * hf + 1] * inv_l, fp16);
-        if (lane % QUAD == 0) a.lse[((size_t)b * p.H + h) * p.N_q + i] = (m[r] + log2f(l_row)) * LN2;
+            put_pair(0, row_bytes, i - i0, n * MMA_N + 2 * (lane % QUAD),
+                     pack_x2(o[mt][n][2 * hf] * inv_l, o[mt][n][2 * hf + 1] * inv_l, fp16));
+        if (lane % QUAD == 0 && i < p.N_q)
+            a.lse[((size_t)b * p.H + h) * p.N_q + i] = (m[r] + log2f(l_row)) * LN2;
     }
+    __syncwarp();
+    store_rows(a.o, 0, warp * MT * MMA_M, MT * MMA_M, 0, d, b, i0, p.N_q, h, p.H, d);
 }
 
 /* One kernel per head dim and dtype, each with literals inside (one kernel holding all four
@@ -401,30 +431,46 @@ static size_t dq_acc_bytes(const attn_problem *p)
     return p->deterministic ? 0 : tiles * BWD_Br * p->d * sizeof(float);
 }
 
-/* Where register dq[mt][n][c] of thread t (dQ_i += dS_ij K_j, warps 2 x 4 over rows x
- * columns) sits in the query tile; its slot in the accumulator is (mt (d/32) + n) 4 + c. */
-static __device__ __forceinline__ void dq_position(int t, int mt, int n, int c, int d,
-                                                   int *row, int *col)
+/* Two 16-bit values of the dtype, unpacked to fp32 (lo, hi). */
+static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
 {
-    const int warp = t / WARP, lane = t % WARP, wm = warp % 2, wn = warp / 2;
-    *row = 32 * wm + MMA_M * mt + lane / QUAD + 8 * (c / 2);
-    *col = wn * (d / 4) + MMA_N * n + 2 * (lane % QUAD) + c % 2;
+    if (fp16)
+        return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
+                           __half2float(__ushort_as_half((unsigned short)(u >> 16))));
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
-/* D_i = rowsum(dO_i ∘ O_i), stored like L: [B, H, N_q]. One warp per row, rows taken in the
- * [B, N_q, H] order of O, so that a warp reads whole rows and neighbouring warps neighbouring
- * memory. */
-static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void *o, float *D)
+/* D_i = rowsum(dO_i ∘ O_i), stored like L: [B, H, N_q], and (atomic dQ) the accumulator set
+ * to zero in the same pass. A row is d / 8 threads reading 16 bytes each, rows taken in the
+ * [B, N_q, H] order of O, so neighbouring threads read neighbouring memory; a shuffle tree
+ * sums each row. Thread t also zeroes accumulator floats 8t .. 8t+7 (acc_chunks of them). */
+static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void *o, float *D,
+                                     float *dq_acc, size_t acc_chunks)
 {
-    const size_t row = (size_t)blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;   /* (b N_q + i) H + h */
-    if (row >= (size_t)p.B * p.N_q * p.H) return;
-    const int lane = threadIdx.x % WARP;
+    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int per_row = p.d / CHUNK, fp16 = p.dtype == ATTN_FP16;
+    const size_t n_chunks = (size_t)p.B * p.N_q * p.H * per_row;
+    if (t < acc_chunks) {
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ((float4 *)dq_acc)[2 * t] = zero;
+        ((float4 *)dq_acc)[2 * t + 1] = zero;
+    }
     float acc = 0.0f;
-    for (int c = lane; c < p.d; c += WARP)
-        acc = fmaf(attn_load(d_o, row * p.d + c, p.dtype), attn_load(o, row * p.d + c, p.dtype), acc);
-    for (int k = WARP / 2; k > 0; k /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, k);
-    const int h = (int)(row % p.H), i = (int)(row / p.H % p.N_q), b = (int)(row / p.H / p.N_q);
-    if (lane == 0) D[((size_t)b * p.H + h) * p.N_q + i] = acc;
+    if (t < n_chunks) {
+        const uint4 x = ((const uint4 *)d_o)[t], y = ((const uint4 *)o)[t];
+        const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 a = unpack_x2(xs[k], fp16), b = unpack_x2(ys[k], fp16);
+            acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
+        }
+    }
+    for (int k = per_row / 2; k > 0; k /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, k);
+    if (t < n_chunks && t % per_row == 0) {
+        const size_t row = t / per_row;   /* (b N_q + i) H + h */
+        const int h = (int)(row % p.H), i = (int)(row / p.H % p.N_q), b = (int)(row / p.H / p.N_q);
+        D[((size_t)b * p.H + h) * p.N_q + i] = acc;
+    }
 }
 
 /* Start loading one step of the backward loop into a stage: Q_i, dO_i (rows i0.. of query
@@ -646,23 +692,27 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     }
     cp_async_wait_all();
 
-    /* dK_j = scale sum dS_ijᵀ Q_i, dV_j = sum P_ijᵀ dO_i, written once; keys past N_k are not
-     * stored. Keys no query sees (causal, key >= N_q) get zeros. */
+    /* dK_j = scale sum dS_ijᵀ Q_i, dV_j = sum P_ijᵀ dO_i, written once, through the K_j and
+     * V_j tiles once every warp is done with them; keys past N_k are not stored. Keys no
+     * query sees (causal, key >= N_q) get zeros. */
+    __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            const int key = j0 + 32 * wn + MMA_M * mt + lane / QUAD + 8 * hf;
-            if (key >= p.N_k) continue;
-            const size_t e = attn_row(b, key, h_kv, p.N_k, p.H_kv, d) + wm * (d / 2) + 2 * (lane % QUAD);
-            uint16_t *dk = (uint16_t *)a.dk + e, *dv = (uint16_t *)a.dv + e;
+            const int key = 32 * wn + MMA_M * mt + lane / QUAD + 8 * hf;
 #pragma unroll
             for (int n = 0; n < d / 2 / MMA_N; n++) {
-                *(uint32_t *)(dk + n * MMA_N) =
-                    pack_x2(p.scale * dK[mt][n][2 * hf], p.scale * dK[mt][n][2 * hf + 1], fp16);
-                *(uint32_t *)(dv + n * MMA_N) = pack_x2(dV[mt][n][2 * hf], dV[mt][n][2 * hf + 1], fp16);
+                const int col = wm * (d / 2) + n * MMA_N + 2 * (lane % QUAD);
+                put_pair(0, row_bytes, key, col,
+                         pack_x2(p.scale * dK[mt][n][2 * hf], p.scale * dK[mt][n][2 * hf + 1], fp16));
+                put_pair(BWD_Bc * row_bytes, row_bytes, key, col,
+                         pack_x2(dV[mt][n][2 * hf], dV[mt][n][2 * hf + 1], fp16));
             }
         }
+    __syncwarp();
+    store_rows(a.dk, 0, 32 * wn, 32, wm * (d / 2), d / 2, b, j0, p.N_k, h_kv, p.H_kv, d);
+    store_rows(a.dv, BWD_Bc * row_bytes, 32 * wn, 32, wm * (d / 2), d / 2, b, j0, p.N_k, h_kv, p.H_kv, d);
 }
 
 /* One block per key tile: 161 KiB of shared memory at d = 128 allows one per SM anyway, and
@@ -814,24 +864,32 @@ static dq_fn dq_kernel(const attn_problem *p)
 }
 
 /* dq = scale * the fp32 accumulator, rounded to the dtype and put back in the [B, N_q, H, d]
- * layout. One thread per pair of neighbouring columns (slots c, c + 1): coalesced reads. */
+ * layout, 16 bytes a store. A thread takes 8 neighbouring columns of one row. In the
+ * backward, register dq[mt][n][c] of thread t = 32 (2 wn + wm) + lane holds row
+ * 32 wm + 16 mt + lane / 4 + 8 (c / 2), column wn d/4 + 8 n + 2 (lane % 4) + c % 2, at slot
+ * (mt (d/32) + n) 4 + c; so the 8 columns are slots c0 and c0 + 1 of four neighbouring
+ * threads: two 16-byte reads. Neighbouring threads take neighbouring rows (row % 8), whose
+ * reads are neighbouring 16 bytes. */
 static __global__ void convert_dq_kernel(attn_problem p, const float *dq_acc, void *dq)
 {
-    const int d = p.d, Tr = (p.N_q + BWD_Br - 1) / BWD_Br, pairs = BWD_Br * d / BWD_THREADS / 2;
+    const int d = p.d, Tr = (p.N_q + BWD_Br - 1) / BWD_Br, groups = d / CHUNK;
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (size_t)p.B * p.H * Tr * pairs * BWD_THREADS) return;
-    const int t = (int)(e % BWD_THREADS), pair = (int)(e / BWD_THREADS % pairs);
-    const size_t tile = e / BWD_THREADS / pairs;   /* (b H + h) Tr + query tile */
-    const int slot = 2 * pair, c = slot % 4, n = slot / 4 % (d / 32), mt = slot / 4 / (d / 32);
-    int row, col;
-    dq_position(t, mt, n, c, d, &row, &col);
+    if (e >= (size_t)p.B * p.H * Tr * BWD_Br * groups) return;
+    const int row = (int)(e % BWD_Br), col = (int)(e / BWD_Br % groups) * CHUNK;
+    const size_t tile = e / BWD_Br / groups;   /* (b H + h) Tr + query tile */
+    const int wm = row / 32, mt = row % 32 / MMA_M, hf = row % MMA_M / 8;
+    const int wn = col / (d / 4), n = col % (d / 4) / MMA_N;
+    const int t0 = (2 * wn + wm) * WARP + (row % 8) * QUAD;
+    const int slot = (mt * (d / 32) + n) * 4 + 2 * hf;
+    const float *src = dq_acc + tile * BWD_Br * d + slot * BWD_THREADS + t0;
+    const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + BWD_THREADS);
     const int i = (int)(tile % Tr) * BWD_Br + row;
     if (i >= p.N_q) return;
-    const int h = (int)(tile / Tr % p.H), b = (int)(tile / Tr / p.H);
-    const float *src = dq_acc + tile * BWD_Br * d + slot * BWD_THREADS + t;
-    const size_t dst = attn_row(b, i, h, p.N_q, p.H, d) + col;
-    attn_store(dq, dst, p.scale * src[0], p.dtype);
-    attn_store(dq, dst + 1, p.scale * src[BWD_THREADS], p.dtype);
+    const int h = (int)(tile / Tr % p.H), b = (int)(tile / Tr / p.H), fp16 = p.dtype == ATTN_FP16;
+    const float sc = p.scale;
+    const uint4 out = {pack_x2(sc * lo.x, sc * hi.x, fp16), pack_x2(sc * lo.y, sc * hi.y, fp16),
+                       pack_x2(sc * lo.z, sc * hi.z, fp16), pack_x2(sc * lo.w, sc * hi.w, fp16)};
+    *(uint4 *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, d) + col) = out;
 }
 
 /* Blocks of `per_block` for n items (grid x takes up to 2^31 - 1 blocks). */
@@ -892,12 +950,12 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
 {
     float *D = (float *)a->ws;
     float *dq_acc = p->deterministic ? NULL : (float *)((char *)a->ws + D_bytes(p));
-    const size_t n_rows = (size_t)p->B * p->H * p->N_q;
-    const size_t n_pairs = dq_acc_bytes(p) / sizeof(float) / 2;   /* column pairs of dQ */
-
-    /* The workspace arrives poisoned, and the accumulator must start at zero. */
-    if (dq_acc) ATTN_TRY(cudaMemsetAsync(dq_acc, 0, dq_acc_bytes(p), s));
-    rowdot_kernel<<<blocks_for(n_rows, THREADS / WARP), THREADS, 0, s>>>(*p, a->d_o, a->o, D);
+    /* rowdot_kernel: a thread per 8 elements of O, and per 8 floats of the accumulator (which
+     * arrives poisoned and must start at zero). */
+    const size_t n_chunks = (size_t)p->B * p->H * p->N_q * (p->d / CHUNK);
+    const size_t acc_chunks = dq_acc_bytes(p) / sizeof(float) / CHUNK;
+    rowdot_kernel<<<blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS), THREADS, 0, s>>>(
+        *p, a->d_o, a->o, D, dq_acc, acc_chunks);
     ATTN_LAUNCH_CHECK();
 
     const size_t smem = backward_smem_bytes(p->d);
@@ -908,7 +966,8 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     ATTN_LAUNCH_CHECK();
 
     if (dq_acc) {
-        convert_dq_kernel<<<blocks_for(n_pairs, THREADS), THREADS, 0, s>>>(*p, dq_acc, a->dq);
+        const size_t n_groups = dq_acc_bytes(p) / sizeof(float) / CHUNK;   /* 8 columns of a row */
+        convert_dq_kernel<<<blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, dq_acc, a->dq);
     } else {
         const size_t dq_smem = dq_smem_bytes(p->d);
         const dq_fn dq = dq_kernel(p);
