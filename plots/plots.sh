@@ -21,6 +21,7 @@
 #   speedup.png        each stage over the stage before it, d = 128, non-causal
 #   long_context.png   time vs N up to 131072 (B = 1, H = 16, d = 128); a cross marks where a
 #       stage stopped (refused or failed), labelled with the reason
+# Then the generated tables: README.md (plots/readme_table.sh) and docs/*.md (docs_tables.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 PLOTS_DIR=${PLOTS_DIR:-plots}
@@ -139,7 +140,11 @@ awk -v order="$ORDER" 'BEGIN {
                 split(k, a, SUBSEP); n = badn[k]
                 y = lastms[k] * (n / lastn[k]) ^ 2
                 if (bad[k] == "refused" && ws[k] > 0) label = "refused: needs " human(ws[k])
-                else label = bad[k] ": " note[k]
+                else {   # the last clause of the reason ("...; so stage X caps N_k at M")
+                    nc = split(note[k], clause, "; ")
+                    c = clause[nc]; sub(/^so stage [^ ]+ /, "", c)
+                    label = bad[k] ": " c
+                }
                 gsub(/"/, "", label)
                 if (length(label) > 48) label = substr(label, 1, 45) "..."
                 val["long_" a[1] "_x__" a[2], n] = y " \"" label "\""
@@ -227,5 +232,6 @@ if [ -n "$LONG" ]; then
     draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16, $GPU; x = where a stage stopped" \
         "time per call (ms)" "%g" 0 0 ""
 fi
+sh plots/readme_table.sh --update README.md || status=1
 sh plots/docs_tables.sh --update docs/*.md || status=1
 exit $status

@@ -20,6 +20,8 @@
  *   quad and O_i divided by it once, after the last tile.
  * - P_ij never touches shared memory in the forward: the accumulator layout of S_ij is the A
  *   operand layout of the next mma, after rounding pairs into bf16x2/f16x2 registers.
+ * - Outputs leave 16 bytes a store: O (and dK, dV) are rounded into a shared-memory tile and
+ *   copied out in whole 16-byte chunks, not as the accumulators' 4-byte pairs.
  * - Grid over (query tiles, heads, batch); causal: tiles above the diagonal skipped, only the
  *   tiles crossing it (or N_k) masked, and the biggest query tiles start first.
  * - Backward (FA-2 Algorithm 2): a kernel for D = rowsum(dO ∘ O); then one block per K_j, V_j
@@ -31,7 +33,8 @@
  *   to an fp32 accumulator with atomicAdd, and a last kernel scales and rounds it. The
  *   accumulator is stored in the order the threads hold dQ_i, so that each atomic instruction
  *   covers 128 contiguous bytes (a row-major accumulator made the backward about a third
- *   slower during development). Default.
+ *   slower during development). D and the zeroing of the accumulator are one pass with
+ *   16-byte loads and stores, and so is the final conversion of dQ. Default.
  * - Deterministic backward (--deterministic): the K/V kernel skips dQ; a Q-outer kernel (one
  *   block per 64 query rows, 4 warps) recomputes S_ij, P_ij, dP_ij for every K_j it needs and
  *   sums dQ_i in registers in a fixed order. Bitwise repeatable, no atomics, workspace D only
@@ -40,11 +43,12 @@
  * Why: stage 4 ran on the fp32 CUDA cores; matrix products belong on the tensor cores, and
  * once they are there, shared-memory traffic, bank conflicts, load latency and the
  * softmax's own FLOPs become the bottlenecks that the other changes address.
- * Time: about PyTorch's FA-2 backend on the same H200, a few percent short of it at d = 128
- * and further short in the d = 64 backward; the measured table, ratios per shape and what
- * limits it are in docs/05_fa2.md (generated from plots/results/). The deterministic
- * backward costs the two extra matmuls. Tried and reverted: skipping the O_i rescale when no
- * row max moved (a warp vote) spilled at the 255-register cap.
+ * Time: about PyTorch's FA-2 backend on the same H200: at d = 128, N = 8192 about 1.5% short
+ * of it forward and 1% backward, above it in the d = 64 forward, 11-15% short in the d = 64
+ * backward (N = 8192); the measured table, ratios per shape and what limits it are in docs/05_fa2.md
+ * (generated from plots/results/). The deterministic backward costs the two extra matmuls.
+ * Tried and reverted: skipping the O_i rescale when no row max moved (a warp vote) spilled
+ * at the 255-register cap; tree-shaped row max and sum in the softmax were 2% slower.
  * Memory: forward none beyond L; backward D [B, H, N_q] fp32 + the dQ accumulator, B H N_q d
  * fp32 (N_q rounded up to 64) (deterministic: D only), all O(N).
  * Shared memory per block: forward 96 KiB (d = 128) / 48 KiB (64); backward 161 KiB / 97 KiB;
