@@ -45,8 +45,9 @@
  * softmax's own FLOPs become the bottlenecks that the other changes address.
  * Time: about PyTorch's FA-2 backend on the same H200: at d = 128, N = 8192 about 1.5% short
  * of it forward and 1% backward, above it in the d = 64 forward, 11-15% short in the d = 64
- * backward (N = 8192); the measured table, ratios per shape and what limits it are in docs/05_fa2.md
- * (generated from plots/results/). The deterministic backward costs the two extra matmuls: 23-32% more time.
+ * backward (N = 8192); the measured table, ratios per shape and what limits it are in
+ * docs/05_fa2.md (generated from plots/results/). The deterministic backward costs the two
+ * extra matmuls: 23-32% more time.
  * Tried and reverted: skipping the O_i rescale when no row max moved (a warp vote) spilled
  * at the 255-register cap; tree-shaped row max and sum in the softmax were 2% slower.
  * Memory: forward none beyond L; backward D [B, H, N_q] fp32 + the dQ accumulator, B H N_q d
