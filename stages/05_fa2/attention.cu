@@ -110,13 +110,18 @@ static __device__ __forceinline__ uint32_t swz(int r, int c, int row_bytes)
 }
 
 /* Fragment loaders. A tile is stored row-major in shared memory; "[m][k]" says what its
- * rows and columns are. Lane l gives the row address for matrix l / 8, row l % 8.
+ * rows and columns are. Lane l gives the row address for matrix l / 8, row l % 8. Each
+ * loader takes the lane's address in the fragment at (0, 0) and moves it: down the rows by
+ * adding whole rows, along the columns by XORing the chunk index, since the swizzle is an
+ * XOR and the columns step by 16 (an even number of chunks, below row_bytes): so one LOP3
+ * per fragment and no address register per column position. Tiles start on a multiple of
+ * row_bytes (the shared memory is 1024-byte aligned), so the XOR stays inside the row.
  * A operand (16 x 16) at rows m0.., columns k0.. of a tile stored [m][k] (Q, dO, dS). */
 static __device__ __forceinline__ void ldsm_a(uint32_t a[4], uint32_t tile, int row_bytes,
                                               int m0, int k0)
 {
     const int lane = threadIdx.x % WARP;
-    ldmatrix_x4(a, tile + swz(m0 + (lane & 15), k0 / CHUNK + lane / 16, row_bytes));
+    ldmatrix_x4(a, ((tile + swz(lane & 15, lane / 16, row_bytes)) ^ (k0 / CHUNK << 4)) + m0 * row_bytes);
 }
 
 /* A operand (16 x 16, rows m0.., columns k0..) of a tile stored transposed, [k][m]
@@ -125,8 +130,8 @@ static __device__ __forceinline__ void ldsm_a_t(uint32_t a[4], uint32_t tile, in
                                                 int m0, int k0)
 {
     const int lane = threadIdx.x % WARP;
-    ldmatrix_x4_trans(a, tile + swz(k0 + (lane & 7) + (lane / 16) * 8,
-                                    m0 / CHUNK + (lane / 8) % 2, row_bytes));
+    ldmatrix_x4_trans(a, ((tile + swz((lane & 7) + (lane / 16) * 8, (lane / 8) % 2, row_bytes)) ^
+                          (m0 / CHUNK << 4)) + k0 * row_bytes);
 }
 
 /* B operands of two neighbouring n-tiles (columns n0..n0+15, reduction k0..k0+15) of a tile
@@ -135,8 +140,8 @@ static __device__ __forceinline__ void ldsm_b(uint32_t b[4], uint32_t tile, int 
                                               int n0, int k0)
 {
     const int lane = threadIdx.x % WARP;
-    ldmatrix_x4(b, tile + swz(n0 + (lane & 7) + (lane / 16) * 8, k0 / CHUNK + (lane / 8) % 2,
-                              row_bytes));
+    ldmatrix_x4(b, ((tile + swz((lane & 7) + (lane / 16) * 8, (lane / 8) % 2, row_bytes)) ^
+                    (k0 / CHUNK << 4)) + n0 * row_bytes);
 }
 
 /* Same from a tile stored [k][n] (V_j for P V, dO_i and Q_i for dV and dK, K_j for dQ). */
@@ -144,24 +149,29 @@ static __device__ __forceinline__ void ldsm_b_t(uint32_t b[4], uint32_t tile, in
                                                 int k0, int n0)
 {
     const int lane = threadIdx.x % WARP;
-    ldmatrix_x4_trans(b, tile + swz(k0 + (lane & 15), n0 / CHUNK + lane / 16, row_bytes));
+    ldmatrix_x4_trans(b, ((tile + swz(lane & 15, lane / 16, row_bytes)) ^ (n0 / CHUNK << 4)) +
+                         k0 * row_bytes);
 }
 
 /* Start copying rows n0 .. n0+rows-1 of head h of x ([B, N, heads, d]) into the swizzled tile
- * at shared address tile, 16 bytes per cp.async; rows past N are zero-filled, so
- * out-of-range queries and keys stay finite. rows * d / CHUNK is a multiple of threads. */
-static __device__ __forceinline__ void load_tile(uint32_t tile, const void *x, int b, int n0,
-                                                 int rows, int N, int h, int heads, int d,
-                                                 int threads)
+ * at shared address tile, and (y not NULL) the same rows of y, a tensor of the same shape,
+ * into the tile right after it: 16 bytes per cp.async, one address computation for both.
+ * Rows past N are zero-filled (src-size 0, from row N-1's address, so that every address
+ * stays inside the tensor): out-of-range queries and keys stay finite. Thread t copies
+ * chunk t % (d/8) of rows t / (d/8) + k threads / (d/8). */
+static __device__ __forceinline__ void load_tiles(uint32_t tile, const void *x, const void *y,
+                                                  int b, int n0, int rows, int N, int h,
+                                                  int heads, int d, int threads)
 {
-    const int chunks = d / CHUNK;
-    const uint16_t *base = (const uint16_t *)x + attn_row(b, n0, h, N, heads, d);
-    const size_t stride = (size_t)heads * d;
+    const unsigned chunks = d / CHUNK, c = threadIdx.x % chunks;
+    const size_t head = attn_row(b, 0, h, N, heads, d);   /* row 0 of (b, h) */
 #pragma unroll
-    for (int it = 0; it < rows * chunks / threads; it++) {
-        const int e = it * threads + threadIdx.x, r = e / chunks, c = e % chunks;
-        const int inside = n0 + r < N;
-        cp_async_16(tile + swz(r, c, 2 * d), base + (inside ? r * stride : 0) + c * CHUNK, inside);
+    for (int it = 0; it < rows * (int)chunks / threads; it++) {
+        const unsigned r = threadIdx.x / chunks + it * (threads / chunks), n = n0 + r;
+        const size_t e = head + (size_t)min(n, (unsigned)N - 1) * (unsigned)(heads * d) + c * CHUNK;
+        const uint32_t at = tile + swz(r, c, 2 * d);
+        cp_async_16(at, (const uint16_t *)x + e, n < (unsigned)N);
+        if (y) cp_async_16(at + rows * 2 * d, (const uint16_t *)y + e, n < (unsigned)N);
     }
 }
 
@@ -172,7 +182,7 @@ static __device__ __forceinline__ void load_tile(uint32_t tile, const void *x, i
  * written. Only the warp's own rows are read back, so __syncwarp() between the two is enough. */
 static __device__ __forceinline__ void put_pair(int off, int row_bytes, int r, int col, uint32_t v)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];
     *(uint32_t *)(smem + off + swz(r, col / CHUNK, row_bytes) + col % CHUNK * 2) = v;
 }
 
@@ -180,7 +190,7 @@ static __device__ __forceinline__ void store_rows(void *x, int off, int r0, int 
                                                   int cols, int b, int n0, int N, int h,
                                                   int heads, int d)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];
     const int lane = threadIdx.x % WARP, chunks = cols / CHUNK;
 #pragma unroll
     for (int it = 0; it < rows * chunks / WARP; it++) {
@@ -215,7 +225,7 @@ static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, in
 static __device__ __forceinline__ void tiled_attention(const attn_problem p, const attn_args a,
                                                        const int d, const int fp16)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];
     const int row_bytes = 2 * d, tile_bytes = Bc * row_bytes;
     const uint32_t Q_i = smem_u32(smem);            /* [Br][d] */
     const uint32_t KV = Q_i + Br * row_bytes;       /* stage s: K_j at KV + 2s tile_bytes, V_j next */
@@ -233,9 +243,8 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     const int n_keys = visible_keys(p, last_row);
     const int Tc = (n_keys + Bc - 1) / Bc;
 
-    load_tile(Q_i, a.q, b, i0, Br, p.N_q, h, p.H, d, THREADS);
-    load_tile(KV, a.k, b, 0, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
-    load_tile(KV + tile_bytes, a.v, b, 0, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
+    load_tiles(Q_i, a.q, NULL, b, i0, Br, p.N_q, h, p.H, d, THREADS);
+    load_tiles(KV, a.k, a.v, b, 0, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
     cp_async_commit();
 
     float o[MT][D_MAX / MMA_N][4];
@@ -257,8 +266,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
         __syncthreads();   /* K_j, V_j have landed for all threads; tile j-1's buffer is free */
         if (j + 1 < Tc) {  /* K_j+1, V_j+1 load while this tile is computed */
             const uint32_t K_next = KV + ((j + 1) % 2) * 2 * tile_bytes;
-            load_tile(K_next, a.k, b, j0 + Bc, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
-            load_tile(K_next + tile_bytes, a.v, b, j0 + Bc, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
+            load_tiles(K_next, a.k, a.v, b, j0 + Bc, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
         }
         cp_async_commit();
 
@@ -404,12 +412,26 @@ static attention_fn attention_kernel(const attn_problem *p)
 #define DQ_Bc  64     /* and keys per K_j, V_j tile */
 #define DQ_THREADS 128
 
-/* Backward dynamic shared memory: K_j, V_j [Bc][d]; two stages of Q_i, dO_i [Br][d]; P_ij and
- * dS_ij [Br][Bc], all 16-bit; two stages of L_i, D_i [Br] fp32. */
+/* Backward dynamic shared memory, byte offsets from its start: K_j, V_j [Bc][d]; two stages of
+ * Q_i, dO_i [Br][d]; P_ij and dS_ij [Br][Bc], all 16-bit; two stages of L_i, D_i [Br] fp32. */
+typedef struct { int V, QdO, stage, P, dS, LD, bytes; } bwd_smem;
+
+static __host__ __device__ __forceinline__ bwd_smem backward_layout(int d)
+{
+    bwd_smem m;
+    m.V = BWD_Bc * 2 * d;                   /* K_j at 0 */
+    m.QdO = 2 * m.V;                        /* stage s: Q_i at QdO + s stage, dO_i next */
+    m.stage = 2 * BWD_Br * 2 * d;
+    m.P = m.QdO + 2 * m.stage;
+    m.dS = m.P + BWD_Br * 2 * BWD_Bc;
+    m.LD = m.dS + BWD_Br * 2 * BWD_Bc;      /* stage s: L_i at LD + s 2 Br floats, D_i next */
+    m.bytes = m.LD + 2 * 2 * BWD_Br * (int)sizeof(float);
+    return m;
+}
+
 static size_t backward_smem_bytes(int d)
 {
-    return (size_t)(2 * BWD_Bc + 2 * 2 * BWD_Br) * d * 2 + (size_t)2 * BWD_Br * BWD_Bc * 2 +
-           2 * 2 * BWD_Br * sizeof(float);
+    return (size_t)backward_layout(d).bytes;
 }
 
 /* Deterministic dQ kernel: Q_i, dO_i [Br][d] and two stages of K_j, V_j [Bc][d], 16-bit. */
@@ -484,13 +506,182 @@ static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, cons
                                                  const attn_args *a, const float *D, int b,
                                                  int h, int i0, int d)
 {
-    load_tile(QdO, a->q, b, i0, BWD_Br, p->N_q, h, p->H, d, BWD_THREADS);
-    load_tile(QdO + BWD_Br * 2 * d, a->d_o, b, i0, BWD_Br, p->N_q, h, p->H, d, BWD_THREADS);
-    if (threadIdx.x < 2 * BWD_Br) {   /* threads 0..Br-1 copy L_i, the next Br copy D_i */
-        const int r = threadIdx.x % BWD_Br;
-        const float *src = (threadIdx.x < BWD_Br ? a->lse : D) + ((size_t)b * p->H + h) * p->N_q + i0;
-        const int inside = i0 + r < p->N_q;
-        cp_async_4(LD + threadIdx.x * sizeof(float), src + (inside ? r : 0), inside);
+    if (threadIdx.x < BWD_Br) {   /* thread r copies L_i[r] and D_i[r] */
+        const int r = threadIdx.x, inside = i0 + r < p->N_q;
+        const size_t row = ((size_t)b * p->H + h) * p->N_q + i0 + (inside ? r : 0);
+        cp_async_4(LD + r * sizeof(float), a->lse + row, inside);
+        cp_async_4(LD + (BWD_Br + r) * sizeof(float), D + row, inside);
+    }
+    load_tiles(QdO, a->q, a->d_o, b, i0, BWD_Br, p->N_q, h, p->H, d, BWD_THREADS);
+}
+
+/* One step of the backward loop: query tile i0 .. i0+Br-1 of query head h (stage st of the
+ * Q_i, dO_i buffers) against this block's K_j, V_j, after starting the loads of the next step
+ * (h_next, i_next) into the other stage. masked is a literal: the steps that cross the
+ * diagonal or N_k run a copy of this code with the mask, all others a copy without it, which
+ * is one stretch of code from the barrier to the atomics, scheduled as a whole (the branch
+ * around the mask cost about 3% of the backward's time). See tiled_backward for who owns what. */
+static __device__ __forceinline__ void backward_step(const attn_problem *p, const attn_args *a,
+                                                     const float *D, float *dq_acc,
+                                                     float dK[2][D_MAX / 16][4],
+                                                     float dV[2][D_MAX / 16][4], int st, int h,
+                                                     int i0, int h_next, int i_next, const int d,
+                                                     const int fp16, const int masked)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const bwd_smem m = backward_layout(d);
+    const int row_bytes = 2 * d, ps_bytes = 2 * BWD_Bc;
+    const uint32_t K_j = smem_u32(smem), V_j = K_j + m.V, QdO = K_j + m.QdO;
+    const uint32_t P_ij = K_j + m.P, dS_ij = K_j + m.dS;
+    const int stage_bytes = m.stage, P_off = m.P, dS_off = m.dS, LD_off = m.LD;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int wm = warp % 2, wn = warp / 2;
+    const int b = blockIdx.z, j0 = blockIdx.x * BWD_Bc;
+    const int Tr = (p->N_q + BWD_Br - 1) / BWD_Br;
+    const float scale_log2 = p->scale * LOG2E;
+
+    const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + BWD_Br * row_bytes;
+    const float *L_i = (const float *)(smem + LD_off) + st * 2 * BWD_Br, *D_i = L_i + BWD_Br;
+    cp_async_wait_all();
+    __syncthreads();   /* step t has landed for all threads; everyone is done with t-1 */
+    load_step(QdO + (1 - st) * stage_bytes, K_j + LD_off + (1 - st) * 2 * BWD_Br * sizeof(float),
+              p, a, D, b, h_next, i_next, d);
+    cp_async_commit();
+
+    /* Recompute S_ij = Q_i K_jᵀ and P_ij = exp2(S_ij scale log2e - L_i log2e) from the saved
+     * logsumexp: no max or sum needed. */
+    float s[2][4][4], dp[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[mt][n][c] = dp[mt][n][c] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < d / MMA_K; k++) {
+        uint32_t qa[2][4], kb[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) ldsm_a(qa[mt], Q_i, row_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+#pragma unroll
+        for (int n = 0; n < 2; n++) ldsm_b(kb[n], K_j, row_bytes, 32 * wn + 16 * n, k * MMA_K);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                mma_16816(s[mt][2 * n], qa[mt], kb[n][0], kb[n][1], fp16);
+                mma_16816(s[mt][2 * n + 1], qa[mt], kb[n][2], kb[n][3], fp16);
+            }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++) {
+        const int r0 = 32 * wm + MMA_M * mt + lane / QUAD;   /* rows r0, r0 + 8 of the step */
+        if (masked)
+            mask_scores(s[mt], 4, i0 + r0, j0 + 32 * wn + 2 * (lane % QUAD), p->N_k, p->causal);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const float lse2 = L_i[r0 + 8 * (c / 2)] * LOG2E;
+#pragma unroll
+            for (int n = 0; n < 4; n++) s[mt][n][c] = exp2_fast(fmaf(s[mt][n][c], scale_log2, -lse2));
+        }
+    }
+
+    /* dP_ij = dO_i V_jᵀ */
+#pragma unroll
+    for (int k = 0; k < d / MMA_K; k++) {
+        uint32_t oa[2][4], vb[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) ldsm_a(oa[mt], dO_i, row_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+#pragma unroll
+        for (int n = 0; n < 2; n++) ldsm_b(vb[n], V_j, row_bytes, 32 * wn + 16 * n, k * MMA_K);
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                mma_16816(dp[mt][2 * n], oa[mt], vb[n][0], vb[n][1], fp16);
+                mma_16816(dp[mt][2 * n + 1], oa[mt], vb[n][2], vb[n][3], fp16);
+            }
+    }
+
+    /* dS_ij = P_ij ∘ (dP_ij - D_i). P_ij and dS_ij go to shared memory, 16-bit: dV_j and dK_j
+     * need them transposed, dQ_i needs every key of the tile. */
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = 32 * wm + MMA_M * mt + lane / QUAD + 8 * hf;
+            const float D_r = D_i[r];
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                const uint32_t at = swz(r, 4 * wn + n, ps_bytes) + 4 * (lane % QUAD);
+                const float p0 = s[mt][n][2 * hf], p1 = s[mt][n][2 * hf + 1];
+                *(uint32_t *)(smem + P_off + at) = pack_x2(p0, p1, fp16);
+                *(uint32_t *)(smem + dS_off + at) =
+                    pack_x2(p0 * (dp[mt][n][2 * hf] - D_r), p1 * (dp[mt][n][2 * hf + 1] - D_r), fp16);
+            }
+        }
+    __syncthreads();
+
+    /* dV_j += P_ijᵀ dO_i and dK_j += dS_ijᵀ Q_i (scale applied once, at the end). */
+    const int cK = wm * (d / 2);
+#pragma unroll
+    for (int k = 0; k < BWD_Br / MMA_K; k++) {
+        uint32_t pa[2][4], sa[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            ldsm_a_t(pa[mt], P_ij, ps_bytes, 32 * wn + MMA_M * mt, k * MMA_K);
+            ldsm_a_t(sa[mt], dS_ij, ps_bytes, 32 * wn + MMA_M * mt, k * MMA_K);
+        }
+#pragma unroll
+        for (int n = 0; n < d / 2 / MMA_N; n += 2) {
+            uint32_t ob[4], qb[4];
+            ldsm_b_t(ob, dO_i, row_bytes, k * MMA_K, cK + n * MMA_N);
+            ldsm_b_t(qb, Q_i, row_bytes, k * MMA_K, cK + n * MMA_N);
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                mma_16816(dV[mt][n], pa[mt], ob[0], ob[1], fp16);
+                mma_16816(dV[mt][n + 1], pa[mt], ob[2], ob[3], fp16);
+                mma_16816(dK[mt][n], sa[mt], qb[0], qb[1], fp16);
+                mma_16816(dK[mt][n + 1], sa[mt], qb[2], qb[3], fp16);
+            }
+        }
+    }
+
+    /* This block's part of dQ_i = dS_ij K_j (unscaled: convert_dq_kernel applies scale). */
+    if (dq_acc) {
+        const int cQ = wn * (d / 4);
+        float dq[2][D_MAX / 32][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int n = 0; n < D_MAX / 32; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) dq[mt][n][c] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < BWD_Bc / MMA_K; k++) {
+            uint32_t sa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) ldsm_a(sa[mt], dS_ij, ps_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+#pragma unroll
+            for (int n = 0; n < d / 4 / MMA_N; n += 2) {
+                uint32_t kb[4];
+                ldsm_b_t(kb, K_j, row_bytes, k * MMA_K, cQ + n * MMA_N);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_16816(dq[mt][n], sa[mt], kb[0], kb[1], fp16);
+                    mma_16816(dq[mt][n + 1], sa[mt], kb[2], kb[3], fp16);
+                }
+            }
+        }
+        /* red.global.add.f32, coalesced: see dq_acc_bytes. Rows past N_q add zeros (dO_i
+         * and D_i are zero-filled there), so no test is needed. */
+        float *dst = dq_acc + (((size_t)b * p->H + h) * Tr + i0 / BWD_Br) * BWD_Br * d + threadIdx.x;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int n = 0; n < d / 4 / MMA_N; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    atomicAdd(dst + ((mt * (d / 32) + n) * 4 + c) * BWD_THREADS, dq[mt][n][c]);
     }
 }
 
@@ -507,22 +698,15 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                                                       const float *D, float *dq_acc,
                                                       const int d, const int fp16)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int row_bytes = 2 * d, ps_bytes = 2 * BWD_Bc;
-    const int stage_bytes = 2 * BWD_Br * row_bytes;                /* Q_i then dO_i */
-    const int P_off = 2 * BWD_Bc * row_bytes + 2 * stage_bytes;    /* P_ij [Br][Bc] */
-    const int dS_off = P_off + BWD_Br * ps_bytes;                  /* dS_ij [Br][Bc] */
-    const int LD_off = dS_off + BWD_Br * ps_bytes;                 /* stage s: L_i, D_i [Br] */
-    const uint32_t K_j = smem_u32(smem);                           /* [Bc][d] */
-    const uint32_t V_j = K_j + BWD_Bc * row_bytes;                 /* [Bc][d] */
-    const uint32_t QdO = V_j + BWD_Bc * row_bytes;
-    const uint32_t P_ij = K_j + P_off, dS_ij = K_j + dS_off;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const bwd_smem m = backward_layout(d);
+    const int row_bytes = 2 * d;
+    const uint32_t K_j = smem_u32(smem);
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wm = warp % 2, wn = warp / 2;
     const int b = blockIdx.z, h_kv = blockIdx.y, j0 = blockIdx.x * BWD_Bc;
     const int group = p.H / p.H_kv;
-    const float scale_log2 = p.scale * LOG2E;
 
     /* Causal: query tile t reaches row t*Br + Br - 1, which sees key j0 iff that is >= j0;
      * the tiles before j0 / Br see none of these keys and are skipped. A step is one
@@ -531,10 +715,9 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     const int t_first = p.causal ? min(j0 / BWD_Br, Tr) : 0;
     const int tiles = Tr - t_first, steps = group * tiles;
 
-    load_tile(K_j, a.k, b, j0, BWD_Bc, p.N_k, h_kv, p.H_kv, d, BWD_THREADS);
-    load_tile(V_j, a.v, b, j0, BWD_Bc, p.N_k, h_kv, p.H_kv, d, BWD_THREADS);
+    load_tiles(K_j, a.k, a.v, b, j0, BWD_Bc, p.N_k, h_kv, p.H_kv, d, BWD_THREADS);
     if (steps > 0)
-        load_step(QdO, K_j + LD_off, &p, &a, D, b, h_kv * group, t_first * BWD_Br, d);
+        load_step(K_j + m.QdO, K_j + m.LD, &p, &a, D, b, h_kv * group, t_first * BWD_Br, d);
     cp_async_commit();
 
     float dK[2][D_MAX / 16][4], dV[2][D_MAX / 16][4];
@@ -545,155 +728,20 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
 #pragma unroll
             for (int c = 0; c < 4; c++) dK[mt][n][c] = dV[mt][n][c] = 0.0f;
 
+    int h = h_kv * group, i0 = t_first * BWD_Br;   /* step t's query head and first row */
     for (int t = 0; t < steps; t++) {
         const int st = t % 2;
-        const int h = h_kv * group + t / tiles, i0 = (t_first + t % tiles) * BWD_Br;
-        const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + BWD_Br * row_bytes;
-        const float *L_i = (const float *)(smem + LD_off) + st * 2 * BWD_Br, *D_i = L_i + BWD_Br;
-        cp_async_wait_all();
-        __syncthreads();   /* step t has landed for all threads; everyone is done with t-1 */
-        if (t + 1 < steps)
-            load_step(QdO + (1 - st) * stage_bytes, K_j + LD_off + (1 - st) * 2 * BWD_Br * sizeof(float),
-                      &p, &a, D, b, h_kv * group + (t + 1) / tiles,
-                      (t_first + (t + 1) % tiles) * BWD_Br, d);
-        cp_async_commit();
-
-        /* Recompute S_ij = Q_i K_jᵀ and P_ij = exp2(S_ij scale log2e - L_i log2e) from the saved
-         * logsumexp: no max or sum needed. */
-        float s[2][4][4], dp[2][4][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int n = 0; n < 4; n++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) s[mt][n][c] = dp[mt][n][c] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < d / MMA_K; k++) {
-            uint32_t qa[2][4], kb[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) ldsm_a(qa[mt], Q_i, row_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
-#pragma unroll
-            for (int n = 0; n < 2; n++) ldsm_b(kb[n], K_j, row_bytes, 32 * wn + 16 * n, k * MMA_K);
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    mma_16816(s[mt][2 * n], qa[mt], kb[n][0], kb[n][1], fp16);
-                    mma_16816(s[mt][2 * n + 1], qa[mt], kb[n][2], kb[n][3], fp16);
-                }
-        }
-        const int need_mask = j0 + BWD_Bc > p.N_k || (p.causal && j0 + BWD_Bc - 1 > i0);
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++) {
-            const int r0 = 32 * wm + MMA_M * mt + lane / QUAD;   /* rows r0, r0 + 8 of the step */
-            if (need_mask)
-                mask_scores(s[mt], 4, i0 + r0, j0 + 32 * wn + 2 * (lane % QUAD), p.N_k, p.causal);
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float lse2 = L_i[r0 + 8 * (c / 2)] * LOG2E;
-#pragma unroll
-                for (int n = 0; n < 4; n++) s[mt][n][c] = exp2_fast(fmaf(s[mt][n][c], scale_log2, -lse2));
-            }
-        }
-
-        /* dP_ij = dO_i V_jᵀ */
-#pragma unroll
-        for (int k = 0; k < d / MMA_K; k++) {
-            uint32_t oa[2][4], vb[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) ldsm_a(oa[mt], dO_i, row_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
-#pragma unroll
-            for (int n = 0; n < 2; n++) ldsm_b(vb[n], V_j, row_bytes, 32 * wn + 16 * n, k * MMA_K);
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    mma_16816(dp[mt][2 * n], oa[mt], vb[n][0], vb[n][1], fp16);
-                    mma_16816(dp[mt][2 * n + 1], oa[mt], vb[n][2], vb[n][3], fp16);
-                }
-        }
-
-        /* dS_ij = P_ij ∘ (dP_ij - D_i). P_ij and dS_ij go to shared memory, 16-bit: dV_j and dK_j
-         * need them transposed, dQ_i needs every key of the tile. */
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int r = 32 * wm + MMA_M * mt + lane / QUAD + 8 * hf;
-                const float D_r = D_i[r];
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    const uint32_t at = swz(r, 4 * wn + n, ps_bytes) + 4 * (lane % QUAD);
-                    const float p0 = s[mt][n][2 * hf], p1 = s[mt][n][2 * hf + 1];
-                    *(uint32_t *)(smem + P_off + at) = pack_x2(p0, p1, fp16);
-                    *(uint32_t *)(smem + dS_off + at) =
-                        pack_x2(p0 * (dp[mt][n][2 * hf] - D_r), p1 * (dp[mt][n][2 * hf + 1] - D_r), fp16);
-                }
-            }
-        __syncthreads();
-
-        /* dV_j += P_ijᵀ dO_i and dK_j += dS_ijᵀ Q_i (scale applied once, at the end). */
-        const int cK = wm * (d / 2);
-#pragma unroll
-        for (int k = 0; k < BWD_Br / MMA_K; k++) {
-            uint32_t pa[2][4], sa[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                ldsm_a_t(pa[mt], P_ij, ps_bytes, 32 * wn + MMA_M * mt, k * MMA_K);
-                ldsm_a_t(sa[mt], dS_ij, ps_bytes, 32 * wn + MMA_M * mt, k * MMA_K);
-            }
-#pragma unroll
-            for (int n = 0; n < d / 2 / MMA_N; n += 2) {
-                uint32_t ob[4], qb[4];
-                ldsm_b_t(ob, dO_i, row_bytes, k * MMA_K, cK + n * MMA_N);
-                ldsm_b_t(qb, Q_i, row_bytes, k * MMA_K, cK + n * MMA_N);
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    mma_16816(dV[mt][n], pa[mt], ob[0], ob[1], fp16);
-                    mma_16816(dV[mt][n + 1], pa[mt], ob[2], ob[3], fp16);
-                    mma_16816(dK[mt][n], sa[mt], qb[0], qb[1], fp16);
-                    mma_16816(dK[mt][n + 1], sa[mt], qb[2], qb[3], fp16);
-                }
-            }
-        }
-
-        /* This block's part of dQ_i = dS_ij K_j (unscaled: convert_dq_kernel applies scale). */
-        if (dq_acc) {
-            const int cQ = wn * (d / 4);
-            float dq[2][D_MAX / 32][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int n = 0; n < D_MAX / 32; n++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) dq[mt][n][c] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < BWD_Bc / MMA_K; k++) {
-                uint32_t sa[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) ldsm_a(sa[mt], dS_ij, ps_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
-#pragma unroll
-                for (int n = 0; n < d / 4 / MMA_N; n += 2) {
-                    uint32_t kb[4];
-                    ldsm_b_t(kb, K_j, row_bytes, k * MMA_K, cQ + n * MMA_N);
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        mma_16816(dq[mt][n], sa[mt], kb[0], kb[1], fp16);
-                        mma_16816(dq[mt][n + 1], sa[mt], kb[2], kb[3], fp16);
-                    }
-                }
-            }
-            /* red.global.add.f32, coalesced: see dq_acc_bytes. Rows past N_q add zeros (dO_i
-             * and D_i are zero-filled there), so no test is needed. */
-            float *dst = dq_acc + (((size_t)b * p.H + h) * Tr + i0 / BWD_Br) * BWD_Br * d + threadIdx.x;
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int n = 0; n < d / 4 / MMA_N; n++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++)
-                        atomicAdd(dst + ((mt * (d / 32) + n) * 4 + c) * BWD_THREADS, dq[mt][n][c]);
-        }
+        /* The next step: the next query tile, or the first of the next head. The last step
+         * loads itself once more, into the stage nothing reads: no branch before the mmas. */
+        int h_next = h, i_next = i0 + BWD_Br;
+        if (i_next >= Tr * BWD_Br) { h_next = h + 1; i_next = t_first * BWD_Br; }
+        if (t + 1 == steps) { h_next = h; i_next = i0; }
+        if (j0 + BWD_Bc > p.N_k || (p.causal && j0 + BWD_Bc - 1 > i0))
+            backward_step(&p, &a, D, dq_acc, dK, dV, st, h, i0, h_next, i_next, d, fp16, 1);
+        else
+            backward_step(&p, &a, D, dq_acc, dK, dV, st, h, i0, h_next, i_next, d, fp16, 0);
+        h = h_next;
+        i0 = i_next;
     }
     cp_async_wait_all();
 
@@ -711,13 +759,13 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 const int col = wm * (d / 2) + n * MMA_N + 2 * (lane % QUAD);
                 put_pair(0, row_bytes, key, col,
                          pack_x2(p.scale * dK[mt][n][2 * hf], p.scale * dK[mt][n][2 * hf + 1], fp16));
-                put_pair(BWD_Bc * row_bytes, row_bytes, key, col,
+                put_pair(m.V, row_bytes, key, col,
                          pack_x2(dV[mt][n][2 * hf], dV[mt][n][2 * hf + 1], fp16));
             }
         }
     __syncwarp();
     store_rows(a.dk, 0, 32 * wn, 32, wm * (d / 2), d / 2, b, j0, p.N_k, h_kv, p.H_kv, d);
-    store_rows(a.dv, BWD_Bc * row_bytes, 32 * wn, 32, wm * (d / 2), d / 2, b, j0, p.N_k, h_kv, p.H_kv, d);
+    store_rows(a.dv, m.V, 32 * wn, 32, wm * (d / 2), d / 2, b, j0, p.N_k, h_kv, p.H_kv, d);
 }
 
 /* One block per key tile: 161 KiB of shared memory at d = 128 allows one per SM anyway, and
@@ -743,7 +791,7 @@ static backward_fn backward_kernel(const attn_problem *p)
 static __device__ __forceinline__ void tiled_dq(const attn_problem p, const attn_args a,
                                                 const float *D, const int d, const int fp16)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem[];
     const int row_bytes = 2 * d, tile_bytes = DQ_Bc * row_bytes;
     const uint32_t Q_i = smem_u32(smem);               /* [Br][d] */
     const uint32_t dO_i = Q_i + DQ_Br * row_bytes;     /* [Br][d] */
@@ -758,10 +806,8 @@ static __device__ __forceinline__ void tiled_dq(const attn_problem p, const attn
     const int n_keys = visible_keys(p, last_row);
     const int Tc = (n_keys + DQ_Bc - 1) / DQ_Bc;
 
-    load_tile(Q_i, a.q, b, i0, DQ_Br, p.N_q, h, p.H, d, DQ_THREADS);
-    load_tile(dO_i, a.d_o, b, i0, DQ_Br, p.N_q, h, p.H, d, DQ_THREADS);
-    load_tile(KV, a.k, b, 0, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
-    load_tile(KV + tile_bytes, a.v, b, 0, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
+    load_tiles(Q_i, a.q, a.d_o, b, i0, DQ_Br, p.N_q, h, p.H, d, DQ_THREADS);
+    load_tiles(KV, a.k, a.v, b, 0, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
     cp_async_commit();
 
     const int row = i0 + warp * MMA_M + lane / QUAD;   /* rows row, row + 8 */
@@ -794,8 +840,7 @@ static __device__ __forceinline__ void tiled_dq(const attn_problem p, const attn
         __syncthreads();
         if (j + 1 < Tc) {
             const uint32_t K_next = KV + ((j + 1) % 2) * 2 * tile_bytes;
-            load_tile(K_next, a.k, b, j0 + DQ_Bc, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
-            load_tile(K_next + tile_bytes, a.v, b, j0 + DQ_Bc, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
+            load_tiles(K_next, a.k, a.v, b, j0 + DQ_Bc, DQ_Bc, p.N_k, h_kv, p.H_kv, d, DQ_THREADS);
         }
         cp_async_commit();
 
