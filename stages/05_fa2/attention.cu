@@ -8,7 +8,13 @@
  *   each row are XOR-swizzled with the row (chunk ^ row % 8), so the 8 rows one ldmatrix
  *   phase reads fall in 8 different bank groups: no conflicts, no padding.
  * - Copies global -> shared are 16-byte cp.async (zero-filled past N) into two buffers:
- *   K_j+1, V_j+1 (backward: Q_i+1, dO_i+1) load while tile j is being computed.
+ *   K_j+1, V_j+1 (backward: Q_i+1, dO_i+1) load while tile j is being computed. K_j and V_j
+ *   (Q_i and dO_i) have the same shape, so one address computation serves a row of both.
+ * - Few instructions around the mmas: fragment addresses move along a tile's columns by XOR
+ *   (the swizzle is one), and the backward runs a copy of its step without the mask for the
+ *   steps that need none, so nothing branches between its barrier and its atomics. Together
+ *   with the paired loads this took 7% off the forward and the backward at d = 128 (the
+ *   forward's loop: 1412 -> 1309 instructions per tile, 256 of them mmas).
  * - Work split: the forward block owns Q_i (Br = 128 rows, Bc = 64 keys per K_j, V_j) and each
  *   of its 4 warps 32 of those rows, never keys, so m_i and l_i live in the 4 lanes of a quad:
  *   two shuffles and no shared-memory reduction. 32 rows (two mma tiles) per warp make every
@@ -43,13 +49,15 @@
  * Why: stage 4 ran on the fp32 CUDA cores; matrix products belong on the tensor cores, and
  * once they are there, shared-memory traffic, bank conflicts, load latency and the
  * softmax's own FLOPs become the bottlenecks that the other changes address.
- * Time: about PyTorch's FA-2 backend on the same H200: at d = 128, N = 8192 about 1.5% short
- * of it forward and 1% backward, above it in the d = 64 forward, 11-15% short in the d = 64
- * backward (N = 8192); the measured table, ratios per shape and what limits it are in
- * docs/05_fa2.md (generated from plots/results/). The deterministic backward costs the two
- * extra matmuls: 23-32% more time.
+ * Time: at or above PyTorch's FA-2 backend on the same H200 in the same run, except the
+ * d = 64 backward: at d = 128, N = 8192 forward 1.04x, backward 1.06x (360 and 329 TFLOP/s);
+ * every d = 128 and d = 64 forward shape 1.02-1.28x; the d = 64 backward 0.93-1.00x. The
+ * table, the ratios per shape and what limits the rest are in docs/05_fa2.md (generated
+ * from plots/results/). The deterministic backward costs the two extra matmuls.
  * Tried and reverted: skipping the O_i rescale when no row max moved (a warp vote) spilled
- * at the 255-register cap; tree-shaped row max and sum in the softmax were 2% slower.
+ * at the 255-register cap; tree-shaped row max and sum in the softmax were 2% slower; Bc = 32
+ * in the forward, 2% slower; the forward has no unmasked copy of its loop body, because
+ * without the mask's branch ptxas spilled at the register cap.
  * Memory: forward none beyond L; backward D [B, H, N_q] fp32 + the dQ accumulator, B H N_q d
  * fp32 (N_q rounded up to 64) (deterministic: D only), all O(N).
  * Shared memory per block: forward 96 KiB (d = 128) / 48 KiB (64); backward 161 KiB / 97 KiB;
@@ -519,8 +527,9 @@ static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, cons
  * Q_i, dO_i buffers) against this block's K_j, V_j, after starting the loads of the next step
  * (h_next, i_next) into the other stage. masked is a literal: the steps that cross the
  * diagonal or N_k run a copy of this code with the mask, all others a copy without it, which
- * is one stretch of code from the barrier to the atomics, scheduled as a whole (the branch
- * around the mask cost about 3% of the backward's time). See tiled_backward for who owns what. */
+ * is one stretch of code from the barrier to the atomics, scheduled as a whole (with the
+ * mask behind a branch in a single copy, the backward was 3.5% slower: a probe without the
+ * mask measured that). See tiled_backward for who owns what. */
 static __device__ __forceinline__ void backward_step(const attn_problem *p, const attn_args *a,
                                                      const float *D, float *dq_acc,
                                                      float dK[2][D_MAX / 16][4],
@@ -543,7 +552,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + BWD_Br * row_bytes;
     const float *L_i = (const float *)(smem + LD_off) + st * 2 * BWD_Br, *D_i = L_i + BWD_Br;
     cp_async_wait_all();
-    __syncthreads();   /* step t has landed for all threads; everyone is done with t-1 */
+    __syncthreads();   /* this step has landed for all threads; all are done with the last */
     load_step(QdO + (1 - st) * stage_bytes, K_j + LD_off + (1 - st) * 2 * BWD_Br * sizeof(float),
               p, a, D, b, h_next, i_next, d);
     cp_async_commit();
