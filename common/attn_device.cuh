@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdlib.h>
 #include "attn.h"
 
 #define LOG2E 1.4426950408889634f   /* log2(e): exp(x) = exp2(x * LOG2E) */
@@ -41,6 +42,21 @@ static __device__ __forceinline__ float warp_sum(float x)
 }
 
 static inline int attn_ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* Host: the shared memory a block may opt in to on the current device, in bytes, into *bytes;
+ * 0 on success. ATTN_SMEM_PER_BLOCK=n (bytes) lowers it, to see what a smaller GPU refuses or
+ * runs differently (an RTX 4090 or RTX A6000 gives a block 101376, an A100 166912). */
+static inline int attn_smem_per_block(int *bytes)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 1;
+    const char *cap = getenv("ATTN_SMEM_PER_BLOCK");
+    const long n = cap ? strtol(cap, NULL, 10) : 0;
+    if (n > 0 && n < *bytes) *bytes = (int)n;
+    return 0;
+}
 
 /* One 16-bit element of dtype t at index i of base, as float. The dtype is uniform across
  * a launch, so the branch costs no divergence. */

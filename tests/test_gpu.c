@@ -1,6 +1,7 @@
 /* tests/test_gpu.c: every stage (and the cuBLAS baseline) on the GPU against the float64
  * oracle, over many shapes, dtypes and hard inputs; consecutive stages against each other;
- * deterministic backward; the sampled --check of a stage program. Each test skips with the
+ * deterministic backward; the sampled --check of a stage program; stage 5 on a GPU with less
+ * shared memory (emulated). Each test skips with the
  * reason when there is no CUDA device. A stage refusing a shape (its check()) is logged and
  * skipped for that shape, not a failure. Seeds: each case has its own (set ATTN_TEST_SEED
  * to draw another set). */
@@ -233,6 +234,24 @@ Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
     attn_host_free(&b);
 }
 
+/* Run a shell command, its output (stdout and stderr) into buf; returns its exit status, -1
+ * if it did not exit. */
+static int run_capture(const char *cmd, char *buf, size_t n)
+{
+    char out[] = "/tmp/attn_gpu_out_XXXXXX", full[2048];
+    int fd = mkstemp(out);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(full, sizeof full, "%s > %s 2>&1", cmd, out);
+    int rc = system(full);
+    FILE *f = fopen(out, "r");
+    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[got] = 0;
+    if (f) fclose(f);
+    unlink(out);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
 /* the program's --check on a shape big enough that rows are sampled */
 Test(gpu, program_sampled_check, .timeout = 300)
 {
@@ -241,23 +260,40 @@ Test(gpu, program_sampled_check, .timeout = 300)
     const attn_stage *st = attn_stages[attn_nstages - 1];
     const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
     for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++) {
-        char cmd[1024], out[] = "/tmp/attn_gpu_out_XXXXXX";
-        int fd = mkstemp(out);
-        cr_assert(fd >= 0);
-        close(fd);
-        snprintf(cmd, sizeof cmd, "%s/%s --batch 1 --heads 2 --seqlen 4096 --causal --check %s --seed %llu > %s 2>&1",
-                 build, st->name, dir ? "--backward" : "", (unsigned long long)test_seed(2000), out);
-        int rc = system(cmd);
-        FILE *f = fopen(out, "r");
-        char buf[8192] = "";
-        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        buf[n] = 0;
-        if (f) fclose(f);
-        unlink(out);
-        rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+        char cmd[1024], buf[8192];
+        snprintf(cmd, sizeof cmd, "%s/%s --batch 1 --heads 2 --seqlen 4096 --causal --check %s --seed %llu",
+                 build, st->name, dir ? "--backward" : "", (unsigned long long)test_seed(2000));
+        const int rc = run_capture(cmd, buf, sizeof buf);
         if (rc == 2) cr_skip_test("%s refused: %s", st->name, buf);
         cr_assert_eq(rc, 0, "%s exited %d:\n%s", cmd, rc, buf);
         cr_assert(strstr(buf, "(sampled)") != NULL, "expected a sampled check:\n%s", buf);
         cr_assert(strstr(buf, "check PASS") != NULL, "%s", buf);
     }
+}
+
+/* 05_fa2 on a GPU with 99 KiB of shared memory per block (an RTX 4090's 101376 bytes,
+ * emulated with ATTN_SMEM_PER_BLOCK): the d = 64 backward takes 64 query rows per step and
+ * passes its check, the d = 128 backward is refused with the reason. */
+Test(gpu, small_shared_memory, .timeout = 300)
+{
+    need_gpu();
+    const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
+    char cmd[1024], buf[8192];
+    snprintf(cmd, sizeof cmd, "test -x %s/05_fa2", build);
+    if (system(cmd) != 0) cr_skip_test("%s/05_fa2 not built", build);
+    for (int fp16 = 0; fp16 <= 1; fp16++) {
+        snprintf(cmd, sizeof cmd,
+                 "ATTN_SMEM_PER_BLOCK=101376 %s/05_fa2 --batch 2 --heads 4 --kv-heads 2 --seqlen 300 "
+                 "--dim 64 --causal --backward --check --dtype %s --seed %llu",
+                 build, fp16 ? "fp16" : "bf16", (unsigned long long)test_seed(3000 + fp16));
+        const int rc = run_capture(cmd, buf, sizeof buf);
+        cr_assert_eq(rc, 0, "%s exited %d:\n%s", cmd, rc, buf);
+        cr_assert(strstr(buf, "check PASS") != NULL, "%s", buf);
+    }
+    snprintf(cmd, sizeof cmd,
+             "ATTN_SMEM_PER_BLOCK=101376 %s/05_fa2 --batch 1 --heads 2 --seqlen 300 --dim 128 --backward",
+             build);
+    const int rc = run_capture(cmd, buf, sizeof buf);
+    cr_assert_eq(rc, 2, "%s exited %d, expected 2 (refused):\n%s", cmd, rc, buf);
+    cr_assert(strstr(buf, "shared memory") != NULL, "expected the reason:\n%s", buf);
 }

@@ -251,9 +251,8 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 03_tiled supports 64 and 128", p->d);
         return 1;
     }
-    int dev = 0, smem_max = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    int smem_max = 0;
+    if (attn_smem_per_block(&smem_max)) {
         snprintf(why, ATTN_WHY_LEN, "03_tiled cannot query the device");
         return 1;
     }

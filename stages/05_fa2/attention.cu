@@ -32,8 +32,10 @@
  *   tiles crossing it (or N_k) masked, and the biggest query tiles start first.
  * - Backward (FA-2 Algorithm 2): a kernel for D = rowsum(dO ∘ O); then one block per K_j, V_j
  *   (Bc = 128 keys of one kv head, 8 warps) that visits every query head of its GQA group and
- *   every Q_i (Br = 64 rows) at or below the diagonal. S_ij and dP_ij are 64 x 128 products
- *   (warps 2 x 4, 32 x 32 each); P_ij and dS_ij go to shared memory as 16-bit so that
+ *   every Q_i (Br = 64 rows at d = 128; 128 at d = 64, where the half-depth products leave
+ *   the per-step work a larger share, on GPUs whose shared memory holds the taller step) at
+ *   or below the diagonal. S_ij and dP_ij are Br x 128 products (warps 2 x 4, Br/2 x 32
+ *   each); P_ij and dS_ij go to shared memory as 16-bit so that
  *   dV_j += P_ijᵀ dO_i and dK_j += dS_ijᵀ Q_i can read them transposed (warps 4 x 2 over keys x
  *   d, accumulators in registers for the whole loop); dQ_i += dS_ij K_j (warps 2 x 4) is added
  *   to an fp32 accumulator with atomicAdd, and a last kernel scales and rounds it. The
@@ -49,20 +51,23 @@
  * Why: stage 4 ran on the fp32 CUDA cores; matrix products belong on the tensor cores, and
  * once they are there, shared-memory traffic, bank conflicts, load latency and the
  * softmax's own FLOPs become the bottlenecks that the other changes address.
- * Time: at or above PyTorch's FA-2 backend on the same H200 in the same run, except the
- * d = 64 backward: at d = 128, N = 8192 forward 1.04x, backward 1.06x (360 and 329 TFLOP/s);
- * every d = 128 and d = 64 forward shape 1.02-1.28x; the d = 64 backward 0.93-1.00x. The
- * table, the ratios per shape and what limits the rest are in docs/05_fa2.md (generated
- * from plots/results/). The deterministic backward costs the two extra matmuls.
+ * Time: at or above PyTorch's FA-2 backend on the same H200 in the same run: at d = 128,
+ * N = 8192 forward 1.02x, backward 1.06x (357 and 328 TFLOP/s); every bench shape, d = 64
+ * and 128, causal and not, 1.00-1.33x but one at 0.996x (the d = 128 forward at N = 2048,
+ * where the forward's margin is within run-to-run noise). Taller backward steps at d = 64
+ * (128 rows) took that backward from 0.93x to 1.02x. The table, the ratios per shape and what
+ * limits the rest are in docs/05_fa2.md (generated from plots/results/). The deterministic
+ * backward costs the two extra matmuls.
  * Tried and reverted: skipping the O_i rescale when no row max moved (a warp vote) spilled
  * at the 255-register cap; tree-shaped row max and sum in the softmax were 2% slower; Bc = 32
  * in the forward, 2% slower; the forward has no unmasked copy of its loop body, because
  * without the mask's branch ptxas spilled at the register cap.
  * Memory: forward none beyond L; backward D [B, H, N_q] fp32 + the dQ accumulator, B H N_q d
- * fp32 (N_q rounded up to 64) (deterministic: D only), all O(N).
- * Shared memory per block: forward 96 KiB (d = 128) / 48 KiB (64); backward 161 KiB / 97 KiB;
- * deterministic dQ kernel 96 / 48 KiB. A GPU with 99 KiB per block (RTX 4090, A6000) runs all
- * but the d = 128 backward, which check() refuses there.
+ * fp32 (N_q rounded up to Br) (deterministic: D only), all O(N).
+ * Shared memory per block: forward 96 KiB (d = 128) / 48 KiB (64); backward 161 KiB / 162 KiB
+ * (97 KiB with Br = 64); deterministic dQ kernel 96 / 48 KiB. A GPU with 99 KiB per block
+ * (RTX 4090, A6000) runs all but the d = 128 backward, which check() refuses there, and its
+ * d = 64 backward with Br = 64 (ATTN_SMEM_PER_BLOCK=101376 emulates one).
  *
  * Run: make build/05_fa2 && build/05_fa2 --seqlen 8192 --dim 128 --check --bench --backward
  *      (add --deterministic for the atomic-free dQ)
@@ -415,31 +420,44 @@ static attention_fn attention_kernel(const attn_problem *p)
 
 #define BWD_THREADS 256 /* 8 warps */
 #define BWD_Bc 128    /* keys per backward block: K_j, V_j stay in shared memory */
-#define BWD_Br 64     /* query rows per step: Q_i, dO_i, L_i, D_i, double-buffered */
+#define BWD_BR_MAX 128 /* query rows per step at most (Q_i, dO_i, L_i, D_i, double-buffered) */
 #define DQ_Br  64     /* deterministic dQ kernel: query rows per block, 16 per warp */
 #define DQ_Bc  64     /* and keys per K_j, V_j tile */
 #define DQ_THREADS 128
+
 
 /* Backward dynamic shared memory, byte offsets from its start: K_j, V_j [Bc][d]; two stages of
  * Q_i, dO_i [Br][d]; P_ij and dS_ij [Br][Bc], all 16-bit; two stages of L_i, D_i [Br] fp32. */
 typedef struct { int V, QdO, stage, P, dS, LD, bytes; } bwd_smem;
 
-static __host__ __device__ __forceinline__ bwd_smem backward_layout(int d)
+static __host__ __device__ __forceinline__ bwd_smem backward_layout(int d, int br)
 {
     bwd_smem m;
     m.V = BWD_Bc * 2 * d;                   /* K_j at 0 */
     m.QdO = 2 * m.V;                        /* stage s: Q_i at QdO + s stage, dO_i next */
-    m.stage = 2 * BWD_Br * 2 * d;
+    m.stage = 2 * br * 2 * d;
     m.P = m.QdO + 2 * m.stage;
-    m.dS = m.P + BWD_Br * 2 * BWD_Bc;
-    m.LD = m.dS + BWD_Br * 2 * BWD_Bc;      /* stage s: L_i at LD + s 2 Br floats, D_i next */
-    m.bytes = m.LD + 2 * 2 * BWD_Br * (int)sizeof(float);
+    m.dS = m.P + br * 2 * BWD_Bc;
+    m.LD = m.dS + br * 2 * BWD_Bc;          /* stage s: L_i at LD + s 2 br floats, D_i next */
+    m.bytes = m.LD + 2 * 2 * br * (int)sizeof(float);
     return m;
 }
 
-static size_t backward_smem_bytes(int d)
+/* Query rows per backward step (br, FA-2's B_r): 64 at d = 128; at d = 64, 128 where the
+ * tiles fit (162 KiB: an H100, H200 or A100), since with half-depth products a taller step
+ * spreads the per-step work (exponentials, P_ij and dS_ij stores, barriers, atomics) over
+ * twice the rows; 64 on GPUs with less shared memory per block (97 KiB: RTX 4090, A6000). */
+static int backward_rows(const attn_problem *p)
 {
-    return (size_t)backward_layout(d).bytes;
+    int smem_max = 0;
+    if (p->d == 64 && !attn_smem_per_block(&smem_max) && backward_layout(64, 128).bytes <= smem_max)
+        return 128;
+    return 64;
+}
+
+static size_t backward_smem_bytes(const attn_problem *p)
+{
+    return (size_t)backward_layout(p->d, backward_rows(p)).bytes;
 }
 
 /* Deterministic dQ kernel: Q_i, dO_i [Br][d] and two stages of K_j, V_j [Bc][d], 16-bit. */
@@ -456,14 +474,15 @@ static size_t D_bytes(const attn_problem *p)
     return (bytes + 255) / 256 * 256;
 }
 
-/* The dQ accumulator holds, for every (b, h) and query tile of BWD_Br rows, the tile's
- * BWD_Br x d values in the order the backward's threads hold them in registers: value
+/* The dQ accumulator holds, for every (b, h) and query tile of br rows, the tile's
+ * br x d values in the order the backward's threads hold them in registers: value
  * `slot` of thread t at slot * BWD_THREADS + t. Each atomicAdd instruction of a warp then
  * covers 32 consecutive floats (4 full sectors) instead of 8 half-used ones. */
 static size_t dq_acc_bytes(const attn_problem *p)
 {
-    const size_t tiles = (size_t)p->B * p->H * attn_ceil_div(p->N_q, BWD_Br);
-    return p->deterministic ? 0 : tiles * BWD_Br * p->d * sizeof(float);
+    const int br = backward_rows(p);
+    const size_t tiles = (size_t)p->B * p->H * attn_ceil_div(p->N_q, br);
+    return p->deterministic ? 0 : tiles * br * p->d * sizeof(float);
 }
 
 /* Two 16-bit values of the dtype, unpacked to fp32 (lo, hi). */
@@ -508,19 +527,19 @@ static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void
     }
 }
 
-/* Start loading one step of the backward loop into a stage: Q_i, dO_i (rows i0.. of query
- * head h) and L_i, D_i (fp32, 4 bytes per cp.async: those rows are not 16-byte aligned). */
+/* Start loading one step of the backward loop into a stage: Q_i, dO_i (rows i0 .. i0+br-1 of
+ * query head h) and L_i, D_i (fp32, 4 bytes per cp.async: those rows are not 16-byte aligned). */
 static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, const attn_problem *p,
                                                  const attn_args *a, const float *D, int b,
-                                                 int h, int i0, int d)
+                                                 int h, int i0, int d, int br)
 {
-    if (threadIdx.x < BWD_Br) {   /* thread r copies L_i[r] and D_i[r] */
+    if (threadIdx.x < br) {   /* thread r copies L_i[r] and D_i[r] */
         const int r = threadIdx.x, inside = i0 + r < p->N_q;
         const size_t row = ((size_t)b * p->H + h) * p->N_q + i0 + (inside ? r : 0);
         cp_async_4(LD + r * sizeof(float), a->lse + row, inside);
-        cp_async_4(LD + (BWD_Br + r) * sizeof(float), D + row, inside);
+        cp_async_4(LD + (br + r) * sizeof(float), D + row, inside);
     }
-    load_tiles(QdO, a->q, a->d_o, b, i0, BWD_Br, p->N_q, h, p->H, d, BWD_THREADS);
+    load_tiles(QdO, a->q, a->d_o, b, i0, br, p->N_q, h, p->H, d, BWD_THREADS);
 }
 
 /* One step of the backward loop: query tile i0 .. i0+Br-1 of query head h (stage st of the
@@ -535,10 +554,10 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
                                                      float dK[2][D_MAX / 16][4],
                                                      float dV[2][D_MAX / 16][4], int st, int h,
                                                      int i0, int h_next, int i_next, const int d,
-                                                     const int fp16, const int masked)
+                                                     const int br, const int fp16, const int masked)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    const bwd_smem m = backward_layout(d);
+    const bwd_smem m = backward_layout(d, br);
     const int row_bytes = 2 * d, ps_bytes = 2 * BWD_Bc;
     const uint32_t K_j = smem_u32(smem), V_j = K_j + m.V, QdO = K_j + m.QdO;
     const uint32_t P_ij = K_j + m.P, dS_ij = K_j + m.dS;
@@ -546,35 +565,36 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wm = warp % 2, wn = warp / 2;
     const int b = blockIdx.z, j0 = blockIdx.x * BWD_Bc;
-    const int Tr = (p->N_q + BWD_Br - 1) / BWD_Br;
+    const int MQ = br / 32;   /* query mma tiles per warp: br / 2 rows */
+    const int Tr = (p->N_q + br - 1) / br;
     const float scale_log2 = p->scale * LOG2E;
 
-    const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + BWD_Br * row_bytes;
-    const float *L_i = (const float *)(smem + LD_off) + st * 2 * BWD_Br, *D_i = L_i + BWD_Br;
+    const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + br * row_bytes;
+    const float *L_i = (const float *)(smem + LD_off) + st * 2 * br, *D_i = L_i + br;
     cp_async_wait_all();
     __syncthreads();   /* this step has landed for all threads; all are done with the last */
-    load_step(QdO + (1 - st) * stage_bytes, K_j + LD_off + (1 - st) * 2 * BWD_Br * sizeof(float),
-              p, a, D, b, h_next, i_next, d);
+    load_step(QdO + (1 - st) * stage_bytes, K_j + LD_off + (1 - st) * 2 * br * sizeof(float),
+              p, a, D, b, h_next, i_next, d, br);
     cp_async_commit();
 
     /* Recompute S_ij = Q_i K_jᵀ and P_ij = exp2(S_ij scale log2e - L_i log2e) from the saved
      * logsumexp: no max or sum needed. */
-    float s[2][4][4], dp[2][4][4];
+    float s[BWD_BR_MAX / 32][4][4], dp[BWD_BR_MAX / 32][4][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MQ; mt++)
 #pragma unroll
         for (int n = 0; n < 4; n++)
 #pragma unroll
             for (int c = 0; c < 4; c++) s[mt][n][c] = dp[mt][n][c] = 0.0f;
 #pragma unroll
     for (int k = 0; k < d / MMA_K; k++) {
-        uint32_t qa[2][4], kb[2][4];
+        uint32_t qa[BWD_BR_MAX / 32][4], kb[2][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++) ldsm_a(qa[mt], Q_i, row_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+        for (int mt = 0; mt < MQ; mt++) ldsm_a(qa[mt], Q_i, row_bytes, br / 2 * wm + MMA_M * mt, k * MMA_K);
 #pragma unroll
         for (int n = 0; n < 2; n++) ldsm_b(kb[n], K_j, row_bytes, 32 * wn + 16 * n, k * MMA_K);
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < MQ; mt++)
 #pragma unroll
             for (int n = 0; n < 2; n++) {
                 mma_16816(s[mt][2 * n], qa[mt], kb[n][0], kb[n][1], fp16);
@@ -582,8 +602,8 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
             }
     }
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++) {
-        const int r0 = 32 * wm + MMA_M * mt + lane / QUAD;   /* rows r0, r0 + 8 of the step */
+    for (int mt = 0; mt < MQ; mt++) {
+        const int r0 = br / 2 * wm + MMA_M * mt + lane / QUAD;   /* rows r0, r0 + 8 of the step */
         if (masked)
             mask_scores(s[mt], 4, i0 + r0, j0 + 32 * wn + 2 * (lane % QUAD), p->N_k, p->causal);
 #pragma unroll
@@ -597,13 +617,13 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     /* dP_ij = dO_i V_jᵀ */
 #pragma unroll
     for (int k = 0; k < d / MMA_K; k++) {
-        uint32_t oa[2][4], vb[2][4];
+        uint32_t oa[BWD_BR_MAX / 32][4], vb[2][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++) ldsm_a(oa[mt], dO_i, row_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+        for (int mt = 0; mt < MQ; mt++) ldsm_a(oa[mt], dO_i, row_bytes, br / 2 * wm + MMA_M * mt, k * MMA_K);
 #pragma unroll
         for (int n = 0; n < 2; n++) ldsm_b(vb[n], V_j, row_bytes, 32 * wn + 16 * n, k * MMA_K);
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < MQ; mt++)
 #pragma unroll
             for (int n = 0; n < 2; n++) {
                 mma_16816(dp[mt][2 * n], oa[mt], vb[n][0], vb[n][1], fp16);
@@ -614,10 +634,10 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     /* dS_ij = P_ij ∘ (dP_ij - D_i). P_ij and dS_ij go to shared memory, 16-bit: dV_j and dK_j
      * need them transposed, dQ_i needs every key of the tile. */
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MQ; mt++)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
-            const int r = 32 * wm + MMA_M * mt + lane / QUAD + 8 * hf;
+            const int r = br / 2 * wm + MMA_M * mt + lane / QUAD + 8 * hf;
             const float D_r = D_i[r];
 #pragma unroll
             for (int n = 0; n < 4; n++) {
@@ -633,7 +653,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     /* dV_j += P_ijᵀ dO_i and dK_j += dS_ijᵀ Q_i (scale applied once, at the end). */
     const int cK = wm * (d / 2);
 #pragma unroll
-    for (int k = 0; k < BWD_Br / MMA_K; k++) {
+    for (int k = 0; k < br / MMA_K; k++) {
         uint32_t pa[2][4], sa[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
@@ -658,24 +678,24 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     /* This block's part of dQ_i = dS_ij K_j (unscaled: convert_dq_kernel applies scale). */
     if (dq_acc) {
         const int cQ = wn * (d / 4);
-        float dq[2][D_MAX / 32][4];
+        float dq[BWD_BR_MAX / 32][D_MAX / 32][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < MQ; mt++)
 #pragma unroll
             for (int n = 0; n < D_MAX / 32; n++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) dq[mt][n][c] = 0.0f;
 #pragma unroll
         for (int k = 0; k < BWD_Bc / MMA_K; k++) {
-            uint32_t sa[2][4];
+            uint32_t sa[BWD_BR_MAX / 32][4];
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) ldsm_a(sa[mt], dS_ij, ps_bytes, 32 * wm + MMA_M * mt, k * MMA_K);
+            for (int mt = 0; mt < MQ; mt++) ldsm_a(sa[mt], dS_ij, ps_bytes, br / 2 * wm + MMA_M * mt, k * MMA_K);
 #pragma unroll
             for (int n = 0; n < d / 4 / MMA_N; n += 2) {
                 uint32_t kb[4];
                 ldsm_b_t(kb, K_j, row_bytes, k * MMA_K, cQ + n * MMA_N);
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
+                for (int mt = 0; mt < MQ; mt++) {
                     mma_16816(dq[mt][n], sa[mt], kb[0], kb[1], fp16);
                     mma_16816(dq[mt][n + 1], sa[mt], kb[2], kb[3], fp16);
                 }
@@ -683,9 +703,9 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
         }
         /* red.global.add.f32, coalesced: see dq_acc_bytes. Rows past N_q add zeros (dO_i
          * and D_i are zero-filled there), so no test is needed. */
-        float *dst = dq_acc + (((size_t)b * p->H + h) * Tr + i0 / BWD_Br) * BWD_Br * d + threadIdx.x;
+        float *dst = dq_acc + (((size_t)b * p->H + h) * Tr + i0 / br) * br * d + threadIdx.x;
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int mt = 0; mt < MQ; mt++)
 #pragma unroll
             for (int n = 0; n < d / 4 / MMA_N; n++)
 #pragma unroll
@@ -700,15 +720,17 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
  * dV_j come out already summed over the group and are written once. dQ_i is shared by all
  * key tiles: with dq_acc each block adds its part with atomicAdd; without (deterministic),
  * dq_kernel computes it. Warp w = (wn, wm) = (w / 2, w % 2) owns
- *   S_ij, dP_ij: queries 32 wm .. +31, keys 32 wn .. +31 of the step (2 x 4 mma tiles),
+ *   S_ij, dP_ij: queries br/2 wm .. +br/2-1, keys 32 wn .. +31 of the step (br/32 x 4 mma
+ *                tiles),
  *   dK_j, dV_j:  keys 32 wn .. +31, columns wm d/2 .. +d/2 (2 x d/16 tiles),
- *   dQ_i:        queries 32 wm .. +31, columns wn d/4 .. +d/4 (2 x d/32 tiles). */
+ *   dQ_i:        queries br/2 wm .. +br/2-1, columns wn d/4 .. +d/4 (br/32 x d/32 tiles).
+ * br, the query rows per step, is 64 or 128 (backward_rows). */
 static __device__ __forceinline__ void tiled_backward(const attn_problem p, const attn_args a,
                                                       const float *D, float *dq_acc,
-                                                      const int d, const int fp16)
+                                                      const int d, const int br, const int fp16)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    const bwd_smem m = backward_layout(d);
+    const bwd_smem m = backward_layout(d, br);
     const int row_bytes = 2 * d;
     const uint32_t K_j = smem_u32(smem);
 
@@ -720,13 +742,13 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     /* Causal: query tile t reaches row t*Br + Br - 1, which sees key j0 iff that is >= j0;
      * the tiles before j0 / Br see none of these keys and are skipped. A step is one
      * (query head, query tile) pair. */
-    const int Tr = (p.N_q + BWD_Br - 1) / BWD_Br;
-    const int t_first = p.causal ? min(j0 / BWD_Br, Tr) : 0;
+    const int Tr = (p.N_q + br - 1) / br;
+    const int t_first = p.causal ? min(j0 / br, Tr) : 0;
     const int tiles = Tr - t_first, steps = group * tiles;
 
     load_tiles(K_j, a.k, a.v, b, j0, BWD_Bc, p.N_k, h_kv, p.H_kv, d, BWD_THREADS);
     if (steps > 0)
-        load_step(K_j + m.QdO, K_j + m.LD, &p, &a, D, b, h_kv * group, t_first * BWD_Br, d);
+        load_step(K_j + m.QdO, K_j + m.LD, &p, &a, D, b, h_kv * group, t_first * br, d, br);
     cp_async_commit();
 
     float dK[2][D_MAX / 16][4], dV[2][D_MAX / 16][4];
@@ -737,18 +759,18 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
 #pragma unroll
             for (int c = 0; c < 4; c++) dK[mt][n][c] = dV[mt][n][c] = 0.0f;
 
-    int h = h_kv * group, i0 = t_first * BWD_Br;   /* step t's query head and first row */
+    int h = h_kv * group, i0 = t_first * br;   /* step t's query head and first row */
     for (int t = 0; t < steps; t++) {
         const int st = t % 2;
         /* The next step: the next query tile, or the first of the next head. The last step
          * loads itself once more, into the stage nothing reads: no branch before the mmas. */
-        int h_next = h, i_next = i0 + BWD_Br;
-        if (i_next >= Tr * BWD_Br) { h_next = h + 1; i_next = t_first * BWD_Br; }
+        int h_next = h, i_next = i0 + br;
+        if (i_next >= Tr * br) { h_next = h + 1; i_next = t_first * br; }
         if (t + 1 == steps) { h_next = h; i_next = i0; }
         if (j0 + BWD_Bc > p.N_k || (p.causal && j0 + BWD_Bc - 1 > i0))
-            backward_step(&p, &a, D, dq_acc, dK, dV, st, h, i0, h_next, i_next, d, fp16, 1);
+            backward_step(&p, &a, D, dq_acc, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 1);
         else
-            backward_step(&p, &a, D, dq_acc, dK, dV, st, h, i0, h_next, i_next, d, fp16, 0);
+            backward_step(&p, &a, D, dq_acc, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 0);
         h = h_next;
         i0 = i_next;
     }
@@ -777,19 +799,23 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     store_rows(a.dv, m.V, 32 * wn, 32, wm * (d / 2), d / 2, b, j0, p.N_k, h_kv, p.H_kv, d);
 }
 
-/* One block per key tile: 161 KiB of shared memory at d = 128 allows one per SM anyway, and
- * the dK_j, dV_j accumulators (128 registers a thread) need the registers. */
+/* One block per key tile: 161-162 KiB of shared memory allows one per SM anyway, and the
+ * dK_j, dV_j accumulators (128 registers a thread at d = 128) need the registers. One kernel per
+ * (d, br, dtype): backward_<d>_<br>_<dtype>; d = 64 has both step heights (backward_rows). */
 typedef void (*backward_fn)(attn_problem, attn_args, const float *, float *);
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc)  { tiled_backward(p, a, D, dq_acc, 64, 0); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc)  { tiled_backward(p, a, D, dq_acc, 64, 1); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 128, 0); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 128, 1); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 64, 128, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 64, 128, 1); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc)  { tiled_backward(p, a, D, dq_acc, 64, 64, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc)  { tiled_backward(p, a, D, dq_acc, 64, 64, 1); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 128, 64, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 128, 64, 1); }
 
-static backward_fn backward_kernel(const attn_problem *p)
+static backward_fn backward_kernel(const attn_problem *p, int br)
 {
     const int fp16 = p->dtype == ATTN_FP16;
-    if (p->d == 64) return fp16 ? backward_64_fp16 : backward_64_bf16;
-    return fp16 ? backward_128_fp16 : backward_128_bf16;
+    if (p->d == 64 && br == 128) return fp16 ? backward_64_128_fp16 : backward_64_128_bf16;
+    if (p->d == 64) return fp16 ? backward_64_64_fp16 : backward_64_64_bf16;
+    return fp16 ? backward_128_64_fp16 : backward_128_64_bf16;
 }
 
 /* Deterministic dQ (Q outer, like the forward): one block per query tile Q_i of DQ_Br rows of
@@ -925,24 +951,24 @@ static dq_fn dq_kernel(const attn_problem *p)
 /* dq = scale * the fp32 accumulator, rounded to the dtype and put back in the [B, N_q, H, d]
  * layout, 16 bytes a store. A thread takes 8 neighbouring columns of one row. In the
  * backward, register dq[mt][n][c] of thread t = 32 (2 wn + wm) + lane holds row
- * 32 wm + 16 mt + lane / 4 + 8 (c / 2), column wn d/4 + 8 n + 2 (lane % 4) + c % 2, at slot
+ * br/2 wm + 16 mt + lane / 4 + 8 (c / 2), column wn d/4 + 8 n + 2 (lane % 4) + c % 2, at slot
  * (mt (d/32) + n) 4 + c; so the 8 columns are slots c0 and c0 + 1 of four neighbouring
  * threads: two 16-byte reads. Neighbouring threads take neighbouring rows (row % 8), whose
  * reads are neighbouring 16 bytes. */
-static __global__ void convert_dq_kernel(attn_problem p, const float *dq_acc, void *dq)
+static __global__ void convert_dq_kernel(attn_problem p, int br, const float *dq_acc, void *dq)
 {
-    const int d = p.d, Tr = (p.N_q + BWD_Br - 1) / BWD_Br, groups = d / CHUNK;
+    const int d = p.d, Tr = (p.N_q + br - 1) / br, groups = d / CHUNK;
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (size_t)p.B * p.H * Tr * BWD_Br * groups) return;
-    const int row = (int)(e % BWD_Br), col = (int)(e / BWD_Br % groups) * CHUNK;
-    const size_t tile = e / BWD_Br / groups;   /* (b H + h) Tr + query tile */
-    const int wm = row / 32, mt = row % 32 / MMA_M, hf = row % MMA_M / 8;
+    if (e >= (size_t)p.B * p.H * Tr * br * groups) return;
+    const int row = (int)(e % br), col = (int)(e / br % groups) * CHUNK;
+    const size_t tile = e / br / groups;   /* (b H + h) Tr + query tile */
+    const int wm = row / (br / 2), mt = row % (br / 2) / MMA_M, hf = row % MMA_M / 8;
     const int wn = col / (d / 4), n = col % (d / 4) / MMA_N;
     const int t0 = (2 * wn + wm) * WARP + (row % 8) * QUAD;
     const int slot = (mt * (d / 32) + n) * 4 + 2 * hf;
-    const float *src = dq_acc + tile * BWD_Br * d + slot * BWD_THREADS + t0;
+    const float *src = dq_acc + tile * br * d + slot * BWD_THREADS + t0;
     const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + BWD_THREADS);
-    const int i = (int)(tile % Tr) * BWD_Br + row;
+    const int i = (int)(tile % Tr) * br + row;
     if (i >= p.N_q) return;
     const int h = (int)(tile / Tr % p.H), b = (int)(tile / Tr / p.H), fp16 = p.dtype == ATTN_FP16;
     const float sc = p.scale;
@@ -967,13 +993,12 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 05_fa2 needs a positive scale", p->scale);
         return 1;
     }
-    int dev = 0, smem_max = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    int smem_max = 0;
+    if (attn_smem_per_block(&smem_max)) {
         snprintf(why, ATTN_WHY_LEN, "05_fa2 cannot query the device");
         return 1;
     }
-    size_t smem = dir == ATTN_BACKWARD ? backward_smem_bytes(p->d) : smem_bytes(p->d);
+    size_t smem = dir == ATTN_BACKWARD ? backward_smem_bytes(p) : smem_bytes(p->d);
     if (dir == ATTN_BACKWARD && p->deterministic && dq_smem_bytes(p->d) > smem) smem = dq_smem_bytes(p->d);
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
@@ -1017,8 +1042,9 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
         *p, a->d_o, a->o, D, dq_acc, acc_chunks);
     ATTN_LAUNCH_CHECK();
 
-    const size_t smem = backward_smem_bytes(p->d);
-    const backward_fn kernel = backward_kernel(p);
+    const int br = backward_rows(p);
+    const size_t smem = backward_smem_bytes(p);
+    const backward_fn kernel = backward_kernel(p, br);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
     kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc);
@@ -1026,7 +1052,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
 
     if (dq_acc) {
         const size_t n_groups = dq_acc_bytes(p) / sizeof(float) / CHUNK;   /* 8 columns of a row */
-        convert_dq_kernel<<<blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, dq_acc, a->dq);
+        convert_dq_kernel<<<blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, br, dq_acc, a->dq);
     } else {
         const size_t dq_smem = dq_smem_bytes(p->d);
         const dq_fn dq = dq_kernel(p);
