@@ -110,7 +110,7 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
     int kv_set = 0, scale_set = 0, n_set = 0, N = c->p.N_q, nq = 0, nk = 0;
     const char *dtype = NULL;
     opterr = 0;
-    optind = 1;
+    optind = 0;   /* glibc: 0 re-initialises getopt fully (1 can leave a half-read "-xy" behind) */
     for (;;) {
         int longidx = -1;
         int o = getopt_long(argc, argv, ":h", long_opts, &longidx);
