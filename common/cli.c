@@ -83,6 +83,10 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   stored as float32 (exact), lse as float32 [B,H,Nq]\n"
         "  --help           this text\n"
         "\n"
+        "environment:\n"
+        "  ATTN_SMEM_PER_BLOCK=n  answer as if a block could have at most n bytes of shared\n"
+        "                   memory (101376: an RTX 4090), to see what a smaller GPU refuses\n"
+        "\n"
         "exit status: 0 ok, 1 check failed or the stage failed on the GPU, 2 bad input,\n"
         "shape refused by the stage, not enough GPU memory, or no GPU.\n",
         prog);
@@ -175,6 +179,16 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
     if (dtype && attn_dtype_parse(dtype, &c->p.dtype)) {
         snprintf(err, ATTN_MSG_LEN, "--dtype: unknown dtype '%s' (want bf16 or fp16)", dtype);
         return 2;
+    }
+    const char *smem = getenv("ATTN_SMEM_PER_BLOCK");
+    if (smem) {   /* read by attn_smem_per_block (attn_device.cuh); checked here, before CUDA */
+        char *end;
+        errno = 0;
+        const long v = strtol(smem, &end, 10);
+        if (errno || end == smem || *end || v <= 0 || v > INT_MAX) {
+            snprintf(err, ATTN_MSG_LEN, "ATTN_SMEM_PER_BLOCK: '%s' is not a positive number of bytes", smem);
+            return 2;
+        }
     }
     (void)n_set;
     c->p.N_q = c->nq_set ? nq : N;

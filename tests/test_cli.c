@@ -66,6 +66,19 @@ Test(cli, bad_input_is_exit_2)
         cr_assert_eq(parse(&c, bad[i], err), 2, "'%s' accepted", bad[i]);
         cr_assert(err[0] && !strchr(err, '\n'), "'%s': one line message, got '%s'", bad[i], err);
     }
+    const char *bad_env[] = { "abc", "0", "-5", "12k", "" };
+    for (size_t i = 0; i < sizeof bad_env / sizeof bad_env[0]; i++) {
+        attn_cli c;
+        char err[ATTN_MSG_LEN] = { 0 };
+        setenv("ATTN_SMEM_PER_BLOCK", bad_env[i], 1);
+        cr_assert_eq(parse(&c, "--heads 2", err), 2, "ATTN_SMEM_PER_BLOCK='%s' accepted", bad_env[i]);
+        cr_assert(strstr(err, "ATTN_SMEM_PER_BLOCK") && !strchr(err, '\n'), "got '%s'", err);
+    }
+    setenv("ATTN_SMEM_PER_BLOCK", "101376", 1);
+    attn_cli c;
+    char err[ATTN_MSG_LEN] = { 0 };
+    cr_assert_eq(parse(&c, "--heads 2", err), 0, "a valid ATTN_SMEM_PER_BLOCK refused: %s", err);
+    unsetenv("ATTN_SMEM_PER_BLOCK");
 }
 
 /* run a stage program; returns its exit status, stderr's line count, the first line */
