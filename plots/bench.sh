@@ -18,12 +18,12 @@
 #
 # Usage:
 #   sh plots/bench.sh                      everything above, into fresh files
-#   STAGES="05_fa2 torch" DIMS=128 sh plots/bench.sh
+#   STAGES="06_fa2 torch" DIMS=128 sh plots/bench.sh
 #                                          a subset, merged into the existing files
 #   sh plots/bench.sh --summary [CSV]      print the summary tables of a CSV, run nothing
 #
 # Environment (all optional):
-#   STAGES     programs under build/ to run, e.g. "03_tiled 05_fa2 cublas"; "torch" adds both
+#   STAGES     programs under build/ to run, e.g. "03_tiled 06_fa2 cublas"; "torch" adds both
 #              anchors, "torch_flash" / "torch_cudnn" one.         default: all built + torch
 #   NS DIMS CAUSALS    sweep subset            default: "512 ... 16384", "64 128", "0 1"
 #   DIRS       "forward backward" or one of them (sweep and long)  default: both
@@ -53,7 +53,7 @@ SUMMARY_N=8192      # the sequence length the summary tables quote
 # --------------------------------------------------------------------------------------
 # Summary tables (also the --summary mode).
 
-# summary CSV [LONG_CSV]: TFLOP/s at N = SUMMARY_N per stage, the ratio of 05_fa2 (or
+# summary CSV [LONG_CSV]: TFLOP/s at N = SUMMARY_N per stage, the ratio of 06_fa2 (or
 # $RATIO_STAGE) to torch_flash per shape, and the longest N each stage ran.
 summary() {
     [ -s "$1" ] || { echo "summary: no rows in $1"; return 0; }
@@ -83,7 +83,7 @@ summary() {
     echo "   (c = causal)"
     sort "$WORK/summary.txt"
 
-    rs=${RATIO_STAGE:-05_fa2}
+    rs=${RATIO_STAGE:-06_fa2}
     if grep -q ",$rs," "$1" && grep -q ',torch_flash,' "$1"; then
         echo
         echo "$rs / torch_flash (TFLOP/s ratio) per shape:"

@@ -1,6 +1,6 @@
 /* tests/test_gpu.c: every stage (and the cuBLAS baseline) on the GPU against the float64
  * oracle, over many shapes, dtypes and hard inputs; consecutive stages against each other;
- * deterministic backward; the sampled --check of a stage program; stage 5 on a GPU with less
+ * deterministic backward; the sampled --check of a stage program; stage 6 on a GPU with less
  * shared memory (emulated). Each test skips with the
  * reason when there is no CUDA device. A stage refusing a shape (its check()) is logged and
  * skipped for that shape, not a failure. Seeds: each case has its own (set ATTN_TEST_SEED
@@ -212,8 +212,8 @@ Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
     need_gpu();
     const attn_stage *st = NULL;
     for (int i = 0; i < attn_nstages; i++)
-        if (!strcmp(attn_stages[i]->name, "05_fa2")) st = attn_stages[i];
-    if (!st || !st->backward) cr_skip_test("no stage 05_fa2 with a backward pass");
+        if (!strcmp(attn_stages[i]->name, "06_fa2")) st = attn_stages[i];
+    if (!st || !st->backward) cr_skip_test("no stage 06_fa2 with a backward pass");
     attn_problem p = test_problem(2, 4, 2, 1000, 1000, 64, 1);
     p.deterministic = 1;
     attn_host a, b;
@@ -224,7 +224,7 @@ Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
     attn_run_info info;
     attn_run_opts opts = { 0, 1 };
     attn_run_status rs = attn_run(st, &a, ATTN_BACKWARD, &opts, &info);
-    if (rs == ATTN_RUN_REFUSED) cr_skip_test("05_fa2 refused: %s", info.why);
+    if (rs == ATTN_RUN_REFUSED) cr_skip_test("06_fa2 refused: %s", info.why);
     cr_assert_eq(rs, ATTN_RUN_OK, "%s", info.why);
     cr_assert_eq(attn_run(st, &b, ATTN_BACKWARD, &opts, &info), ATTN_RUN_OK, "%s", info.why);
     cr_assert_eq(memcmp(a.dq, b.dq, attn_numel_q(&p) * 2), 0, "dQ differs between two runs");
@@ -271,7 +271,7 @@ Test(gpu, program_sampled_check, .timeout = 300)
     }
 }
 
-/* 05_fa2 on a GPU with 99 KiB of shared memory per block (an RTX 4090's 101376 bytes,
+/* 06_fa2 on a GPU with 99 KiB of shared memory per block (an RTX 4090's 101376 bytes,
  * emulated with ATTN_SMEM_PER_BLOCK): the d = 64 backward takes 64 query rows per step and
  * passes its check, the d = 128 backward is refused with the reason. */
 Test(gpu, small_shared_memory, .timeout = 300)
@@ -279,11 +279,11 @@ Test(gpu, small_shared_memory, .timeout = 300)
     need_gpu();
     const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
     char cmd[1024], buf[8192];
-    snprintf(cmd, sizeof cmd, "test -x %s/05_fa2", build);
-    if (system(cmd) != 0) cr_skip_test("%s/05_fa2 not built", build);
+    snprintf(cmd, sizeof cmd, "test -x %s/06_fa2", build);
+    if (system(cmd) != 0) cr_skip_test("%s/06_fa2 not built", build);
     for (int fp16 = 0; fp16 <= 1; fp16++) {
         snprintf(cmd, sizeof cmd,
-                 "ATTN_SMEM_PER_BLOCK=101376 %s/05_fa2 --batch 2 --heads 4 --kv-heads 2 --seqlen 300 "
+                 "ATTN_SMEM_PER_BLOCK=101376 %s/06_fa2 --batch 2 --heads 4 --kv-heads 2 --seqlen 300 "
                  "--dim 64 --causal --backward --check --dtype %s --seed %llu",
                  build, fp16 ? "fp16" : "bf16", (unsigned long long)test_seed(3000 + fp16));
         const int rc = run_capture(cmd, buf, sizeof buf);
@@ -291,7 +291,7 @@ Test(gpu, small_shared_memory, .timeout = 300)
         cr_assert(strstr(buf, "check PASS") != NULL, "%s", buf);
     }
     snprintf(cmd, sizeof cmd,
-             "ATTN_SMEM_PER_BLOCK=101376 %s/05_fa2 --batch 1 --heads 2 --seqlen 300 --dim 128 --backward",
+             "ATTN_SMEM_PER_BLOCK=101376 %s/06_fa2 --batch 1 --heads 2 --seqlen 300 --dim 128 --backward",
              build);
     const int rc = run_capture(cmd, buf, sizeof buf);
     cr_assert_eq(rc, 2, "%s exited %d, expected 2 (refused):\n%s", cmd, rc, buf);

@@ -1,4 +1,4 @@
-/* stages/05_fa2/attention.cu: FlashAttention-2 on the tensor cores (mma.sync, sm_80 and up).
+/* stages/06_fa2/attention.cu: FlashAttention-2 on the tensor cores (mma.sync, sm_80 and up).
  *
  * Changed from 04_backward: the same algorithm (Q-outer forward with the online softmax,
  * K/V-outer backward that recomputes P_ij from L), now done the FlashAttention-2 way:
@@ -56,7 +56,7 @@
  * and 128, causal and not, 1.00-1.33x but one at 0.996x (the d = 128 forward at N = 2048,
  * where the forward's margin is within run-to-run noise). Taller backward steps at d = 64
  * (128 rows) took that backward from 0.93x to 1.02x. The table, the ratios per shape and what
- * limits the rest are in docs/05_fa2.md (generated from plots/results/). The deterministic
+ * limits the rest are in docs/06_fa2.md (generated from plots/results/). The deterministic
  * backward costs the two extra matmuls.
  * Tried and reverted: skipping the O_i rescale when no row max moved (a warp vote) spilled
  * at the 255-register cap; tree-shaped row max and sum in the softmax were 2% slower; Bc = 32
@@ -69,7 +69,7 @@
  * (RTX 4090, A6000) runs all but the d = 128 backward, which check() refuses there, and its
  * d = 64 backward with Br = 64 (ATTN_SMEM_PER_BLOCK=101376 emulates one).
  *
- * Run: make build/05_fa2 && build/05_fa2 --seqlen 8192 --dim 128 --check --bench --backward
+ * Run: make build/06_fa2 && build/06_fa2 --seqlen 8192 --dim 128 --check --bench --backward
  *      (add --deterministic for the atomic-free dQ)
  */
 #include <stdio.h>
@@ -986,16 +986,16 @@ static unsigned blocks_for(size_t n, int per_block)
 static int check(const attn_problem *p, attn_dir dir, char *why)
 {
     if (p->d != 64 && p->d != 128) {
-        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 05_fa2 supports 64 and 128", p->d);
+        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 06_fa2 supports 64 and 128", p->d);
         return 1;
     }
     if (!(p->scale > 0.0f)) {   /* the running max is taken on unscaled scores */
-        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 05_fa2 needs a positive scale", p->scale);
+        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 06_fa2 needs a positive scale", p->scale);
         return 1;
     }
     int smem_max = 0;
     if (attn_smem_per_block(&smem_max)) {
-        snprintf(why, ATTN_WHY_LEN, "05_fa2 cannot query the device");
+        snprintf(why, ATTN_WHY_LEN, "06_fa2 cannot query the device");
         return 1;
     }
     size_t smem = dir == ATTN_BACKWARD ? backward_smem_bytes(p) : smem_bytes(p->d);
@@ -1003,7 +1003,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
-                 "%d KiB, too little for stage 05_fa2", p->d, (smem + 1023) / 1024, smem_max / 1024);
+                 "%d KiB, too little for stage 06_fa2", p->d, (smem + 1023) / 1024, smem_max / 1024);
         return 1;
     }
     return 0;
@@ -1064,8 +1064,8 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     return cudaSuccess;
 }
 
-ATTN_EXPORT const attn_stage stage_05_fa2 = {
-    "05_fa2",
+ATTN_EXPORT const attn_stage stage_06_fa2 = {
+    "06_fa2",
     "FlashAttention-2: mma.sync tensor cores, swizzled ldmatrix, cp.async double buffering, warps split queries",
     "head dim 64 or 128; bf16, fp16; any N; causal; GQA; dQ by fp32 atomics, or deterministic (Q-outer dQ kernel)",
     80,
