@@ -4,7 +4,8 @@
 #   make build/03_tiled   one stage (build/<stage>.ptxas.log gets ptxas' register/spill report)
 #   make test             static check + Criterion tests (GPU tests skip without a GPU)
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
-#   make bench / plots    plots/bench.sh, plots/plots.sh
+#   make bench / plots    plots/bench.sh then plots/bytes.sh (GPU), plots/plots.sh
+#   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
 #   make diff STAGE=n     what stage n changes relative to stage n-1
 #   make deps             Criterion (tests) and gnuplot (plots); deps-local: Criterion into .deps/
 #   make clean
@@ -62,7 +63,7 @@ TEST_BIN  := $(BUILD)/test_all
 STAGE_OBJS := $(patsubst %,$(OBJ)/%.stage.o,$(STAGES)) $(if $(CUBLAS_SRC),$(OBJ)/cublas.stage.o)
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all test test-run static-check sanitize bench plots diff clean deps deps-test \
+.PHONY: all test test-run static-check sanitize bench bytes plots diff clean deps deps-test \
         deps-plot deps-local deps-local-plot FORCE
 .SECONDARY:
 
@@ -146,6 +147,10 @@ sanitize: all
 # ---- benchmarks and plots (scripts owned by plots/) ----------------------------------
 bench: all
 	sh plots/bench.sh
+	sh plots/bytes.sh || echo "bench: no DRAM byte counts (plots/bytes.sh, above, says why)"
+
+bytes: all
+	sh plots/bytes.sh
 
 plots: deps-plot
 	PATH=$(CURDIR)/.deps/usr/bin:$$PATH \

@@ -10,7 +10,9 @@
 #      program build/NN_* in order, then build/cublas.      -> plots/results/<gpu>.csv
 #   2. The long-context wall: B = 1, H = 16, d = 128, non-causal, N = 8192 ... 131072,
 #      every stage, forward and backward; a stage that refuses an N (stage 1: S does not
-#      fit) is not tried at larger N.                       -> plots/results/<gpu>-long.csv
+#      fit) is not tried at larger N, nor is one whose next N would take more than
+#      LONG_MAX_CALL_S seconds a call (4x the last: the work grows as N^2); that N gets a
+#      row with status "skipped" and the prediction.    -> plots/results/<gpu>-long.csv
 #      (A separate file because the sweep's N = 16384, d = 128 point is also B=1 H=16.)
 #   3. The anchors: PyTorch's FLASH and cuDNN attention on the same shapes (plots/anchors.py),
 #      plus one bf16 GEMM ceiling row, appended to both files.
@@ -33,6 +35,7 @@
 #              and keep the rest; 0: fresh files.   default: 1 if any filter above is set
 #   RESULTS_DIR  where the CSVs go (plots/results); BENCH_CSV, BENCH_LONG_CSV  exact paths
 #   SEED (1), POINT_TIMEOUT seconds per program run (300), BUILD_DIR (build),
+#   LONG_MAX_CALL_S  the long-context time budget of one call, in seconds (10),
 #   GPU_NAME   overrides nvidia-smi's name (the file name is the name with spaces -> '-')
 #
 # Rows are collected in <csv>.part and moved onto <csv> only when the run finishes, so an
@@ -175,6 +178,7 @@ SWEEP=${SWEEP:-1}
 LONG=${LONG:-1}
 SEED=${SEED:-1}
 POINT_TIMEOUT=${POINT_TIMEOUT:-300}
+LONG_MAX_CALL_S=${LONG_MAX_CALL_S:-10}
 BUILD_DIR=${BUILD_DIR:-build}
 RESULTS_DIR=${RESULTS_DIR:-plots/results}
 
@@ -357,12 +361,24 @@ if [ "$LONG" != 0 ]; then
     for stage in $(reverse_words $programs); do
         for dir in $DIRS; do
             stopped=
+            last_ms=
             for n in $LONG_NS; do
                 i=$((i + 1))
                 if [ -n "$stopped" ]; then continue; fi
                 printf '[long %d/%d] %s %s B=%s H=%s d=%s N=%s ... ' \
                     "$i" "$total" "$stage" "$dir" "$LONG_B" "$LONG_H" "$LONG_D" "$n"
+                # The time a call of this N would take, from the last N's (x4: N^2 work).
+                if [ -n "${last_ms:-}" ] && awk -v ms="$last_ms" -v cap="$LONG_MAX_CALL_S" \
+                        'BEGIN { exit !(4 * ms / 1000 > cap) }'; then
+                    predicted=$(awk -v ms="$last_ms" 'BEGIN { printf "%.0f", 4 * ms / 1000 }')
+                    echo "skipped: predicted ${predicted} s a call > LONG_MAX_CALL_S = $LONG_MAX_CALL_S s"
+                    echo "$GPU_TAG,$stage,$dir,bf16,$LONG_B,$LONG_H,$LONG_H,$n,$n,$LONG_D,0,,,,skipped,predicted ${predicted} s a call (4x N/2's) > the bench's LONG_MAX_CALL_S = $LONG_MAX_CALL_S s" >> "$LONG_CSV.part"
+                    stopped=1
+                    echo "    (larger N skipped for $stage $dir)"
+                    continue
+                fi
                 run_point "$LONG_CSV.part" "$stage" "$dir" "$LONG_B" "$LONG_H" "$n" "$LONG_D" 0
+                last_ms=$(tail -n 1 "$LONG_CSV.part" | awk -F, '$15 == "ok" { print $12 }')
                 # A refusal (too big, or no backward) or a timeout only gets worse with N.
                 case $POINT_STATUS in
                     refused) stopped=1 ;;

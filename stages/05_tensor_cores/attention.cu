@@ -8,8 +8,8 @@
  *   operand is stored the other way round); the 16-byte chunks of each row are XOR-swizzled
  *   with the row (chunk ^ row % 8), so the 8 rows one ldmatrix phase reads fall in 8 bank
  *   groups: no conflicts, no padding. Fragment addresses move along a row by XOR.
- * - Copies global -> shared are 16-byte cp.async, zero-filled past N; the next step's Q_i and
- *   this step's O_i, l_i, m_i load while this step computes.
+ * - Copies global -> shared are 16-byte cp.async, zero-filled past N; the next step's Q_i,
+ *   O_i, l_i and m_i load while this step computes.
  * - Forward: FA-1's split of K/V across warps. Bc = 16384 / d keys per K_j, V_j (128 at
  *   d = 128, 256 at d = 64: 32 KiB tiles); each of the 4 warps takes a quarter and keeps its
  *   K and V fragments in registers for the whole inner loop; Q_i is Br = 16 rows. Each warp
@@ -26,7 +26,7 @@
  * split, so few heads leave SMs idle), O_i and dQ_i's round trip to HBM per step, the split of
  * keys across warps with its shared-memory exchange. FA-2 (stage 6) changes those.
  * Memory: forward O (fp32) + l, m; backward D + dQ (fp32): O(N).
- * Shared memory per block: forward 80 KiB (d = 128) / 72 KiB (64), two blocks per SM;
+ * Shared memory per block: forward 88 KiB (d = 128) / 76 KiB (64), two blocks per SM;
  * backward 161 KiB / 162 KiB (97 KiB where a block gets less: 64 query rows per step).
  *
  * Run: make build/05_tensor_cores && build/05_tensor_cores --seqlen 4096 --dim 128 --check --backward
@@ -57,8 +57,9 @@ static __host__ __device__ __forceinline__ int kv_keys(int d)
 /* Dynamic shared memory of the forward, byte offsets: K_j, V_j [Bc][d], 16-bit, at 0 and V,
  * which once in registers leave their bytes to the exchange of the warps' slices (WARPS
  * partial O_w [Br][d] fp32 from 0, then their m_w, l_w [WARPS][Br] at xm); two Q_i buffers
- * [Br][d] 16-bit at Q; O_i [Br][d] and l_i, m_i [Br], fp32, read from HBM, at O and lm. */
-typedef struct { int V, Q, O, lm, xm, bytes; } fwd_smem;
+ * [Br][d] 16-bit at Q; two buffers of the state read from HBM at O, each O_i [Br][d], then
+ * l_i and m_i [Br], fp32 (state bytes each). */
+typedef struct { int V, Q, O, state, xm, bytes; } fwd_smem;
 
 static __host__ __device__ __forceinline__ fwd_smem forward_layout(int d)
 {
@@ -66,9 +67,9 @@ static __host__ __device__ __forceinline__ fwd_smem forward_layout(int d)
     m.V = KV_TILE_BYTES;
     m.Q = 2 * KV_TILE_BYTES;
     m.O = m.Q + 2 * Br * 2 * d;
-    m.lm = m.O + Br * d * (int)sizeof(float);
+    m.state = (Br * d + 2 * Br) * (int)sizeof(float);
     m.xm = WARPS * Br * d * (int)sizeof(float);
-    m.bytes = m.lm + 2 * Br * (int)sizeof(float);
+    m.bytes = m.O + 2 * m.state;
     return m;
 }
 
@@ -224,6 +225,20 @@ static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, in
         }
 }
 
+/* Start copying Algorithm 1's state of query tile `tile` (its first row) from HBM into a state
+ * buffer at shared address at: O_i [Br][d], then l_i and m_i [Br], fp32, 16 bytes a copy. */
+static __device__ __forceinline__ void load_state(uint32_t at, const float *O_hbm, const float *l_hbm,
+                                                  const float *m_hbm, size_t tile, int d)
+{
+    for (int c = threadIdx.x; c < Br * d / 4; c += THREADS)
+        cp_async_16(at + 16 * c, O_hbm + tile * d + 4 * c, 1);
+    const int t = threadIdx.x % (Br / 4);   /* 4 threads copy l_i, 4 m_i */
+    if (threadIdx.x < Br / 4)
+        cp_async_16(at + Br * d * 4 + 16 * t, l_hbm + tile + 4 * t, 1);
+    else if (threadIdx.x < 2 * Br / 4)
+        cp_async_16(at + (Br * d + Br) * 4 + 16 * t, m_hbm + tile + 4 * t, 1);
+}
+
 /* Byte offset of column col of row r of warp w's partial O_w in the exchange: rows of d fp32,
  * whose 16-byte chunks are XORed with 2 (r % 4), so that the 16 lanes that store float2 pairs
  * of rows r .. r+3 at one mma column tile, and the 8 threads that read a row's chunks in the
@@ -269,7 +284,8 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 
     uint32_t kf[D_MAX / MMA_K][KW_MAX / MMA_N][2];   /* this warp's K_j fragments, [k][n] */
     uint32_t vf[KW_MAX / MMA_K][D_MAX / MMA_N][2];   /* and V_j's */
-    int s = 0;                                       /* step counter: Q_i buffer s % 2 */
+    int s = 0;                 /* step counter: Q_i and state buffer s % 2 */
+    int state_ready = 0;       /* this step's O_i, l_i, m_i were started by the last step */
     for (int j = 0; j < Tc; j++) {                   /* line 5: K/V outer */
         const int j0 = j * Bc;
         /* Causal: Q tile t ends at row t Br + Br - 1, which sees key j0 iff it is >= j0; the
@@ -308,28 +324,30 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
                     }
                 __syncthreads();   /* every warp has its fragments: the combine may reuse the tiles */
             }
-            /* Line 8: O_i, l_i, m_i from HBM into shared memory, landing while S_ij and P_ij V_j
-             * are computed. The first K_j starts from line 2's O = 0, l = 0, m = -inf instead
-             * (the same values, without a pass over HBM to write them). Then the next step's
-             * Q_i into the other buffer (a group of its own, possibly empty, so that waiting
-             * for all groups but the last one waits for O_i alone). */
-            const size_t tile = (size_t)i * Br;
-            if (j > 0) {
-                for (int c = threadIdx.x; c < Br * d / 4; c += THREADS)
-                    cp_async_16(K_j + m.O + 16 * c, O_hbm + tile * d + 4 * c, 1);
-                const int t = threadIdx.x % (Br / 4);   /* 4 threads copy l_i, 4 m_i */
-                if (threadIdx.x < Br / 4)
-                    cp_async_16(K_j + m.lm + 16 * t, l_hbm + tile + 4 * t, 1);
-                else if (threadIdx.x < 2 * Br / 4)
-                    cp_async_16(K_j + m.lm + Br * 4 + 16 * t, m_hbm + tile + 4 * t, 1);
-            }
+            /* Line 8: O_i, l_i, m_i from HBM. Normally the last step started that copy (below);
+             * the first K_j starts from line 2's O = 0, l = 0, m = -inf instead (the same
+             * values, without a pass over HBM to write them). */
+            const uint32_t state = K_j + m.O + (s % 2) * m.state;
+            if (j > 0 && !state_ready) load_state(state, O_hbm, l_hbm, m_hbm, (size_t)i * Br, d);
             cp_async_commit();
+            /* The next step's Q_i, and its O_i, l_i, m_i, into the other buffers, landing while
+             * this step computes. Its state was last written by the step before it in its
+             * column i_next, which has passed, unless that step is this one (i_next = i: the
+             * next K_j's only Q tile is this one); that step then loads its own. A group of its
+             * own, possibly empty, so that waiting for all groups but the last one waits for
+             * this step's alone. */
             int j_next = j, i_next = i + 1;
             if (i_next >= Tr) { j_next = j + 1; i_next = p.causal ? j_next * Bc / Br : 0; }
-            if (j_next < Tc && i_next < Tr)
+            const int has_next = j_next < Tc && i_next < Tr;
+            if (has_next)
                 load_tiles(Qs + ((s + 1) % 2) * Br * row_bytes, a.q, NULL, b, i_next * Br, Br,
                            p.N_q, h, p.H, d, THREADS);
+            const int prefetch = has_next && j_next > 0 && i_next != i;
+            if (prefetch)
+                load_state(K_j + m.O + ((s + 1) % 2) * m.state, O_hbm, l_hbm, m_hbm,
+                           (size_t)i_next * Br, d);
             cp_async_commit();
+            state_ready = prefetch;
 
             /* Line 9: this warp's slice of S_ij = Q_i K_jᵀ, 16 rows x KW keys. */
             float sc[KW_MAX / MMA_N][4];
@@ -403,7 +421,8 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
                     ((float *)(smem + m.xm))[(WARPS + warp) * Br + r] = l_w[hf];
                 }
             }
-            cp_async_wait_1();   /* this thread's part of O_i, l_i, m_i has landed */
+            cp_async_wait_1();   /* this thread's part of O_i, l_i, m_i has landed (if this
+                                    step loaded them; if the last did, they had already) */
             __syncthreads();     /* everyone's, and every slice */
 
             /* The combine. Thread t takes row r = t / 8 and the 16-byte column chunks
@@ -424,7 +443,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
                     cw[w] = exp2_fast(mw[w] - m_t_use);
                     l_t += cw[w] * xs[(WARPS + w) * Br + r];
                 }
-                const float *lm = (const float *)(smem + m.lm);
+                const float *lm = (const float *)(smem + m.O + (s % 2) * m.state) + Br * d;
                 const float l_i = j > 0 ? lm[r] : 0.0f, m_i = j > 0 ? lm[Br + r] : -INFINITY;
                 /* finite: every row sees key 0, at j = 0 */
                 const float m_new = fmaxf(m_i, m_t);
@@ -443,7 +462,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
                     const int c = cg + 8 * k;   /* columns 4c .. 4c+3 */
                     float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     if (j > 0) {
-                        const float4 y = ((const float4 *)(smem + m.O))[r * (d / 4) + c];
+                        const float4 y = ((const float4 *)(smem + m.O + (s % 2) * m.state))[r * (d / 4) + c];
                         x = make_float4(c_i * y.x, c_i * y.y, c_i * y.z, c_i * y.w);
                     }
 #pragma unroll
@@ -453,15 +472,15 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
                         x.z = fmaf(cw[w], y.z, x.z); x.w = fmaf(cw[w], y.w, x.w);
                     }
                     if (j < last_j)
-                        ((float4 *)(O_hbm + (tile + r) * d))[c] = x;
+                        ((float4 *)(O_hbm + ((size_t)i0 + r) * d))[c] = x;
                     else if (i_row < p.N_q)
                         *(uint2 *)((uint16_t *)a.o + attn_row(b, i_row, h, p.N_q, p.H, d) + 4 * c) =
                             make_uint2(pack_x2(x.x, x.y, fp16), pack_x2(x.z, x.w, fp16));
                 }
                 if (cg == 0) {
                     if (j < last_j) {
-                        l_hbm[tile + r] = l_new;
-                        m_hbm[tile + r] = m_new;
+                        l_hbm[i0 + r] = l_new;
+                        m_hbm[i0 + r] = m_new;
                     } else if (i_row < p.N_q) {
                         a.lse[head * p.N_q + i_row] = (m_new + log2f(l_new)) * LN2;
                     }
