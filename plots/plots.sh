@@ -29,7 +29,7 @@ PLOTS_DIR=${PLOTS_DIR:-plots}
 MAIN=${RESULTS_CSV:-}
 if [ -z "$MAIN" ]; then
     for f in plots/results/*.csv; do
-        case $f in *-long.csv) continue ;; esac
+        case $f in *-long.csv|*-bytes.csv) continue ;; esac
         [ -f "$f" ] || continue
         if [ -z "$MAIN" ]; then MAIN=$f
         else echo "plots: also found $f (RESULTS_CSV=$f to use it)" >&2; fi
@@ -40,8 +40,9 @@ if [ -z "$MAIN" ] || [ ! -s "$MAIN" ]; then
     exit 2
 fi
 LONG=${RESULTS_LONG_CSV:-${MAIN%.csv}-long.csv}
+BYTES=${RESULTS_BYTES_CSV:-${MAIN%.csv}-bytes.csv}
 if [ "${1:-}" = --which ]; then
-    printf '%s\n%s\n' "$MAIN" "$LONG"
+    printf '%s\n%s\n%s\n' "$MAIN" "$LONG" "$BYTES"
     exit 0
 fi
 if [ ! -s "$LONG" ]; then
