@@ -3,28 +3,56 @@
 # Runs anywhere with a POSIX sh, awk, sort and gnuplot (gnuplot-nox is enough); the data
 # are cut out of the CSVs with awk, and every figure is drawn by plots/figure.gp.
 #
-#   sh plots/plots.sh            draw every figure
-#   sh plots/plots.sh --which    print the two CSV paths it would read (sweep, long), draw nothing
+#   sh plots/plots.sh            draw every figure, then regenerate the README's and the
+#                                lessons' tables (plots/readme_table.sh, plots/docs_tables.sh)
+#   sh plots/plots.sh --which    print the three CSV paths it would read (sweep, long, bytes)
+#   sh plots/plots.sh --date     print the date of the sweep's rows (see ROWS DATE below)
 #
 # Environment (optional):
-#   RESULTS_CSV        the sweep CSV (default: the plots/results/*.csv that is not *-long.csv,
-#                      the first in name order if there are several GPUs' files)
+#   RESULTS_CSV        the sweep CSV (default: the plots/results/*.csv that is neither
+#                      *-long.csv nor *-bytes.csv, the first in name order if there are
+#                      several GPUs' files)
 #   RESULTS_LONG_CSV   the long-context CSV (default: the sweep CSV's name + -long.csv)
+#   RESULTS_BYTES_CSV  the Nsight Compute DRAM bytes (default: the sweep CSV's name + -bytes.csv)
 #   PLOTS_DIR          where the PNGs go (default: plots)
 #   PLOTS_TERM         pngcairo or png (default: pngcairo if this gnuplot has it)
+#   PLOTS_NO_TABLES    when set and not empty: draw the figures only, leave README.md and
+#                      docs/*.md alone
 #
-# Figures (only rows with status ok are drawn, except the crosses in long_context.png):
+# Figures (only rows with status ok are drawn as lines; each stage has one colour and point
+# in every figure; a line equal to one drawn before it in a panel, within 1% at every N, is
+# drawn over it dashed, with smaller points, and its key entry says "(= the other stage)"):
 #   tflops_{forward,backward}_d{64,128}.png  TFLOP/s vs N, one line per stage, cuBLAS and the
 #       two PyTorch anchors (dashed); left non-causal, right causal; dotted: the GEMM ceiling
+#   speedup.png        each step of the ladder, time of the stage before / time of the stage,
+#       in the colour of the stage the step introduces (forward and backward, d = 128,
+#       non-causal; "the stage before" is the last one with rows in that direction, so the
+#       backward of 04_backward is over 01_naive's); dashed: the tensor-core stages over
+#       cuBLAS. A step whose ratio is within 1% of 1 at every N (04_backward's forward, which
+#       is 03_tiled's) is not drawn over the "no change" line: a note in the panel says so.
+#   io_same_hardware.png  the IO lesson on equal hardware: cuBLAS (standard attention on the
+#       tensor cores, S and P in HBM) against 05_tensor_cores (FA-1) and 06_fa2 (FA-2),
+#       TFLOP/s vs N, d = 128, forward and backward; solid non-causal, dashed causal; dotted:
+#       the GEMM ceiling; the heading names the GPU and the date of the rows
+#   bytes.png          DRAM bytes of one forward call vs N (d = 128, H = 16, B = 16384/N):
+#       Nsight Compute's counts, read + written (points), against each stage's byte model
+#       (lines; plots/bytes_model.awk) and Q, K, V, O once (dotted); right: measured / model
 #   workspace.png      forward workspace bytes vs N, d = 128: the sweep (16384 tokens, so S
-#       grows like N) and the long-context runs (B = 1, so S grows like N^2)
-#   speedup.png        each stage over the stage before it, d = 128, non-causal
-#   long_context.png   time vs N up to 131072 (B = 1, H = 16, d = 128); a cross marks where a
-#       stage stopped (refused or failed), labelled with the reason
-# Then the generated tables: README.md (plots/readme_table.sh) and docs/*.md (docs_tables.sh).
+#       grows like N) and the long-context runs (B = 1, so S grows like N^2; x: refused)
+#   long_context.png   time vs N up to 131072 (B = 1, H = 16, d = 128); where a stage stopped,
+#       on the quadratic continuation of its line: a cross if it was refused or failed
+#       (labelled with the reason), a circle if the bench skipped it because the call would
+#       pass its time cap (labelled "stopped: > 10 s a call")
+#
+# ROWS DATE: the CSVs have no date column; the date of the rows is that of the last commit
+# of the sweep CSV (git log -1 --format=%cs), "+ uncommitted rows" when the file differs from
+# that commit, and "date unknown (not committed)" outside git or before the first commit.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 PLOTS_DIR=${PLOTS_DIR:-plots}
+# The ladder's tensor-core stages: compared with cuBLAS on the same hardware (speedup.png's
+# dashed lines, io_same_hardware.png).
+TC_STAGES="05_tensor_cores 06_fa2"
 
 MAIN=${RESULTS_CSV:-}
 if [ -z "$MAIN" ]; then
@@ -41,13 +69,24 @@ if [ -z "$MAIN" ] || [ ! -s "$MAIN" ]; then
 fi
 LONG=${RESULTS_LONG_CSV:-${MAIN%.csv}-long.csv}
 BYTES=${RESULTS_BYTES_CSV:-${MAIN%.csv}-bytes.csv}
-if [ "${1:-}" = --which ]; then
-    printf '%s\n%s\n%s\n' "$MAIN" "$LONG" "$BYTES"
-    exit 0
-fi
+
+rows_date() {
+    rd=$(git log -1 --format=%cs -- "$1" 2>/dev/null)
+    if [ -z "$rd" ]; then echo "date unknown (not committed)"
+    elif ! git diff --quiet HEAD -- "$1" 2>/dev/null; then echo "$rd + uncommitted rows"
+    else echo "$rd"; fi
+}
+case ${1:-} in
+    --which) printf '%s\n%s\n%s\n' "$MAIN" "$LONG" "$BYTES"; exit 0 ;;
+    --date) rows_date "$MAIN"; exit 0 ;;
+esac
 if [ ! -s "$LONG" ]; then
     echo "plots: no $LONG: long_context.png skipped, workspace.png without its long-context panel"
     LONG=
+fi
+if [ ! -s "$BYTES" ]; then
+    echo "plots: no $BYTES: bytes.png skipped"
+    BYTES=
 fi
 if ! command -v gnuplot >/dev/null 2>&1; then
     echo "plots: gnuplot not found (apt-get install gnuplot-nox)" >&2
@@ -61,65 +100,82 @@ DAT=$(mktemp -d "${TMPDIR:-/tmp}/plots.XXXXXX") || exit 2
 trap 'rm -rf "$DAT"' EXIT
 mkdir -p "$PLOTS_DIR" || exit 2
 GPU=$(awk -F, 'NR == 2 { print $1; exit }' "$MAIN")
-echo "plots: $MAIN${LONG:+ and $LONG} ($GPU), $term terminal"
+DATE=$(rows_date "$MAIN")
+MODELS=$(cat plots/bytes_model.awk) || exit 2
+TAB=$(printf '\t')
+echo "plots: $MAIN${LONG:+, $LONG}${BYTES:+, $BYTES} ($GPU, rows of $DATE), $term terminal"
 
 # Every stage gets one linetype (colour, dash, point), the same in every figure: numbered
-# stages in order, then cuBLAS, then the PyTorch anchors.
-ORDER=$(awk -F, 'FNR > 1 && $2 != "ceiling_gemm" { print $2 }' "$MAIN" ${LONG:+"$LONG"} |
+# stages in order, then cuBLAS, then the PyTorch anchors. DAT/lts: "stage linetype point".
+ORDER=$(awk -F, 'FNR > 1 && $2 != "ceiling_gemm" { print $2 }' "$MAIN" ${LONG:+"$LONG"} ${BYTES:+"$BYTES"} |
     sort -u |
     awk '{ print (/^[0-9]/ ? 0 : $0 == "cublas" ? 1 : $0 == "torch_flash" ? 2 : $0 == "torch_cudnn" ? 3 : 4), $0 }' |
     sort -k1,1n -k2,2 | cut -d' ' -f2 | tr '\n' ' ')
-awk -v order="$ORDER" 'BEGIN {
+awk -v order="$ORDER" -v lts="$DAT/lts" 'BEGIN {
     npal = split("#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #17becf", pal, " ")
     m = split(order, stage, " ")
     k = 0
     for (i = 1; i <= m; i++) {
-        if (stage[i] == "cublas")           st = "lc rgb \"#7f7f7f\" dt 1 pt 5"
-        else if (stage[i] == "torch_flash") st = "lc rgb \"#000000\" dt 2 pt 9"
-        else if (stage[i] == "torch_cudnn") st = "lc rgb \"#bcbd22\" dt 2 pt 11"
-        else                                st = "lc rgb \"" pal[k++ % npal + 1] "\" dt 1 pt 7"
-        printf "set linetype %d %s lw 2 ps 0.9\n", i, st
+        if (stage[i] == "cublas")           { st = "lc rgb \"#7f7f7f\" dt 1"; pt = 5 }
+        else if (stage[i] == "torch_flash") { st = "lc rgb \"#000000\" dt 2"; pt = 9 }
+        else if (stage[i] == "torch_cudnn") { st = "lc rgb \"#bcbd22\" dt 2"; pt = 11 }
+        else                                { st = "lc rgb \"" pal[k++ % npal + 1] "\" dt 1"; pt = 7 }
+        printf "set linetype %d %s pt %d lw 2 ps 0.9\n", i, st, pt
+        print stage[i], i, pt > lts
     }
 }' > "$DAT/styles.gp"
+lt_of() { awk -v s="$1" '$1 == s { print $2 }' "$DAT/lts"; }
+pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
 
-# Cut the CSVs into DAT/<prefix>__<stage>.dat files of "N y" lines (y: TFLOP/s, bytes, ms
-# or a ratio; "N y \"label\"" for the *_x__ crosses). The first awk emits "file N value"
-# (the last row of a shape wins), sort orders by file then N, the second awk writes them.
+# Cut the CSVs into DAT/<prefix>__<name>.dat files of "N y" lines ("N y \"label\"" for the
+# marks where a stage stopped). The awks emit "file N value" (the last row of a shape wins),
+# sort orders by file then N, the last awk writes the files; "title", "same" and "ceiling"
+# lines go to DAT/titles, DAT/same and DAT/ceiling.
 {
-    awk -F, -v order="$ORDER" '
+    awk -F, -v order="$ORDER" -v tc="$TC_STAGES" '
         function put(prefix, stage, n, y) { val[prefix "__" stage, n] = y }
+        # the step from stage p to stage s in direction dir: time_p / time_s at every N where
+        # both ran; kind su (the ladder) or suc (over cuBLAS)
+        function step(dir, s, p, kind,   k, a, r, same, any, tmp, n) {
+            same = 1; any = 0; split("", tmp)
+            for (k in ms) {
+                split(k, a, SUBSEP)
+                if (a[1] != dir || a[2] != s || !((dir, p, a[3]) in ms) || ms[k] <= 0) continue
+                r = ms[dir, p, a[3]] / ms[k]; tmp[a[3]] = r; any = 1
+                if (r > 1.01 || r < 1 / 1.01) same = 0
+            }
+            if (!any) return
+            if (kind == "su" && same) { print "same", "su_" dir, s, p; return }
+            for (n in tmp) put(kind "_" dir, s, n, tmp[n])
+            print "title", kind "_" dir, s, s " / " p
+        }
         FNR == 1 { next }
         $2 == "ceiling_gemm" { if ($15 == "ok") ceiling = $13; next }
         $15 != "ok" { next }
         {
             put("tf_" $3 "_d" $10 "_c" $11, $2, $8, $13)
             if ($3 == "forward" && $10 == 128 && $11 == 0 && $14 > 0) put("ws_sweep", $2, $8, $14)
-            if ($10 == 128 && $11 == 0 && $2 ~ /^[0-9][0-9]_/) { ms[$3, $2, $8] = $12; has[$3, $2] = 1 }
+            if ($10 == 128 && $11 == 0) { ms[$3, $2, $8] = $12; has[$3, $2] = 1 }
         }
         END {
-            # speedup: each numbered stage over the previous one that has rows in that direction
             m = split(order, stage, " ")
+            nt = split(tc, tcs, " ")
             for (di = 1; di <= 2; di++) {
                 dir = di == 1 ? "forward" : "backward"
                 prev = ""
                 for (i = 1; i <= m; i++) {
                     s = stage[i]
-                    if (!((dir, s) in has)) continue
-                    if (prev != "") {
-                        for (k in ms) {
-                            split(k, a, SUBSEP)
-                            if (a[1] == dir && a[2] == s && ((dir, prev, a[3]) in ms) && ms[k] > 0)
-                                put("su_" dir, s, a[3], ms[dir, prev, a[3]] / ms[k])
-                        }
-                        print "title", "su_" dir, s, s "/" prev
-                    }
+                    if (s !~ /^[0-9][0-9]_/ || !((dir, s) in has)) continue
+                    if (prev != "") step(dir, s, prev, "su")
                     prev = s
                 }
+                for (i = 1; i <= nt; i++)
+                    if ((dir, tcs[i]) in has && (dir, "cublas") in has) step(dir, tcs[i], "cublas", "suc")
             }
             if (ceiling != "") print "ceiling", ceiling
             for (k in val) { split(k, a, SUBSEP); print a[1], a[2], val[k] }
         }' "$MAIN"
-    [ -z "$LONG" ] || awk -F, '
+    [ -z "$LONG" ] || awk -F, -v order="$ORDER" '
         function human(b) {
             # binary units, as the workspace axis
             return b >= 2^40 ? sprintf("%.1f TiB", b / 2^40) : b >= 2^30 ? sprintf("%.1f GiB", b / 2^30) : sprintf("%.0f MiB", b / 2^20)
@@ -134,105 +190,309 @@ awk -v order="$ORDER" 'BEGIN {
         }
         !(k in badn) || $8 + 0 < badn[k] { badn[k] = $8 + 0; bad[k] = $15; note[k] = $16; ws[k] = $14 }
         END {
-            # A cross where each stage stopped, on the quadratic continuation of its line
-            # (none for a stage that never ran in that direction: no backward pass, say).
-            for (k in badn) {
-                if (!(k in lastn)) continue
-                split(k, a, SUBSEP); n = badn[k]
+            # A mark where each stage stopped, on the quadratic continuation of its line
+            # (none for a stage that never ran in that direction: no backward pass, say):
+            # _s (a circle; its label goes to the key) when the bench skipped it for its time
+            # cap, _x (a cross, labelled) when it was refused or failed. A mark at the place
+            # of an earlier stage mark is drawn smaller inside it (_s2, _x2), without a label.
+            m = split(order, stage, " ")
+            for (di = 1; di <= 2; di++) for (i = 1; i <= m; i++) {
+                dir = di == 1 ? "forward" : "backward"
+                k = dir SUBSEP stage[i]
+                if (!(k in badn) || !(k in lastn)) continue
+                n = badn[k]
                 y = lastms[k] * (n / lastn[k]) ^ 2
-                if (bad[k] == "refused" && ws[k] > 0) label = "refused: needs " human(ws[k])
-                else {   # the last clause of the reason ("...; so stage X caps N_k at M")
-                    nc = split(note[k], clause, "; ")
-                    c = clause[nc]; sub(/^so stage [^ ]+ /, "", c)
-                    label = bad[k] ": " c
+                if (bad[k] == "skipped") {
+                    kind = "_s"
+                    if (match(note[k], /= *[0-9.]+ *s$/)) {
+                        cap = substr(note[k], RSTART + 1); gsub(/^ +| *s$/, "", cap)
+                        label = "stopped: > " cap " s a call"
+                    } else label = "stopped: time cap"
+                } else {
+                    kind = "_x"
+                    if (bad[k] == "refused" && ws[k] > 0) label = "refused: needs " human(ws[k])
+                    else {   # the last clause of the reason ("...; so stage X caps N_k at M")
+                        nc = split(note[k], clause, "; ")
+                        c = clause[nc]; sub(/^so stage [^ ]+ /, "", c)
+                        label = bad[k] ": " c
+                    }
                 }
                 gsub(/"/, "", label)
                 if (length(label) > 48) label = substr(label, 1, 45) "..."
-                val["long_" a[1] "_x__" a[2], n] = y " \"" label "\""
-                if (a[1] == "forward" && bad[k] == "refused" && ws[k] > 0)
-                    val["ws_long_x__" a[2], n] = ws[k] " \"needs " human(ws[k]) "\""
+                place = dir SUBSEP n SUBSEP kind SUBSEP int(log(y) * 20 + 0.5)
+                if (place in taken) { kind = kind "2"; label = "" }
+                taken[place] = 1
+                if (kind ~ /^_s/) { print "skipnote", label; label = "" }
+                val["long_" dir kind "__" stage[i], n] = y " \"" label "\""
+                if (dir == "forward" && bad[k] == "refused" && ws[k] > 0)
+                    val["ws_long_x__" stage[i], n] = ws[k] " \"needs " human(ws[k]) "\""
             }
             for (k in val) { split(k, a, SUBSEP); print a[1], a[2], val[k] }
         }' "$LONG"
+    # bytes: by_meas (GB measured, read + written), by_model (GB the model gives, at every
+    # power of 2 between the stage's smallest and largest N, B = its tokens / N), by_ratio
+    # (measured / model), by_once__all (Q, K, V, O once).
+    [ -z "$BYTES" ] || awk -F, "$MODELS"'
+        FNR == 1 || $3 != "forward" || $9 != 0 || $13 != "ok" { next }
+        {
+            s = $2; b = $5; h = $6; n = $7 + 0; d = $8
+            val["by_meas__" s, n] = ($11 + $12) / 1e9
+            mo = bm_total(s, b, h, n, d)
+            if (mo > 0) val["by_ratio__" s, n] = ($11 + $12) / mo
+            if (!(s in lo) || n < lo[s]) lo[s] = n
+            if (!(s in hi) || n > hi[s]) hi[s] = n
+            tok[s] = b * n; hh[s] = h; dd[s] = d
+        }
+        END {
+            for (s in lo) {
+                if (!bm_has(s)) continue
+                for (n = lo[s]; n <= hi[s]; n *= 2) {
+                    val["by_model__" s, n] = bm_total(s, tok[s] / n, hh[s], n, dd[s]) / 1e9
+                    val["by_once__all", n] = bm_once(tok[s] / n, hh[s], n, dd[s], 0) / 1e9
+                }
+            }
+            for (k in val) { split(k, a, SUBSEP); print a[1], a[2], val[k] }
+        }' "$BYTES"
 } | sort -k1,1 -k2,2n | awk -v dat="$DAT" '
-    $1 == "title" { print $2, $3, $4 > (dat "/titles"); next }
+    $1 == "title" { t = $0; sub(/^title /, "", t); print t > (dat "/titles"); next }
+    $1 == "same" { print $2, $3, $4 > (dat "/same"); next }
+    $1 == "skipnote" { t = $0; sub(/^skipnote /, "", t); if (t != "") print t > (dat "/skipnotes"); next }
     $1 == "ceiling" { print $2 > (dat "/ceiling"); next }
     $1 != cur { if (cur != "") close(path); cur = $1; path = dat "/" cur ".dat" }
     { $1 = ""; sub(/^ /, ""); print > path }'
+: >> "$DAT/titles"; : >> "$DAT/same"; : >> "$DAT/skipnotes"
 ceiling=$(cat "$DAT/ceiling" 2>/dev/null || echo 0)
 
-# panel P PREFIX TITLE: adds panel P's gnuplot variables to $PV: the stages (in ORDER)
-# that have DAT/PREFIX__<stage>.dat and their linetypes, the stages with crosses
-# (DAT/PREFIX_x__<stage>.dat), and the N values found; and the lines' key entries
-# (linetype and title: the stage name, or "stage/previous" in the speedup figure) to DAT/key.
+# ---- building a figure: panels of series, a key, then plots/figure.gp draws it ----------
+# panel P TITLE YLABEL YFORMAT YFACTOR: starts panel P (0 or 1); figure.gp explains the
+# y settings. Everything added to it goes to DAT/p<P>.{items,pre,files,nfiles,vars}.
 panel() {
-    names='' lts='' marks='' mlts='' i=0
-    for s in $ORDER; do
-        i=$((i + 1))
-        if [ -s "$DAT/${2}__$s.dat" ]; then
-            t=$(awk -v p="$2" -v s="$s" '$1 == p && $2 == s { print $3 }' "$DAT/titles" 2>/dev/null)
-            names="$names $s" lts="$lts $i"
-            echo "$i ${t:-$s}" >> "$DAT/key"
-        fi
-        if [ -s "$DAT/${2}_x__$s.dat" ]; then marks="$marks $s" mlts="$mlts $i"; fi
-    done
-    nlist=$(cat "$DAT/${2}__"*.dat "$DAT/${2}_x__"*.dat 2>/dev/null | awk '{ print $1 }' | sort -nu | tr '\n' ' ')
-    PV="$PV prefix$1='$2'; ptitle$1='$3'; names$1='$names'; lts$1='$lts';"
-    PV="$PV marks$1='$marks'; mlts$1='$mlts'; nlist$1='$nlist';"
-    [ -n "$names$marks" ] && FILLED=$((FILLED + 1))
+    for x in items pre files nfiles; do : > "$DAT/p$1.$x"; done
+    printf 'ptitle%s = "%s"\nylabel%s = "%s"\nyformat%s = "%s"\nyfactor%s = %s\n' \
+        "$1" "$2" "$1" "$3" "$1" "$4" "$1" "$5" > "$DAT/p$1.vars"
     NPANELS=$(($1 + 1))
 }
+# key SORT ELEMENT: a key entry (a gnuplot plot element drawing NaN), ordered by SORT, an
+# integer, or SORT.M for a series drawn over M others (see `series`). The key drops repeated
+# entries, and an entry SORT.M (M > 0) when one of the same SORT is drawn plainly: a stage
+# drawn plainly somewhere in the figure has its plain entry only.
+key() { printf '%s\t%s\n' "$1" "$2" >> "$DAT/key.items"; }
+# same F G: whether the series F and G have the same N and values within 1% at each
+same() {
+    awk 'NR == FNR { a[$1] = $2; na++; next }
+         !($1 in a) || $2 == 0 || a[$1] / $2 > 1.01 || a[$1] / $2 < 1 / 1.01 { bad = 1; exit }
+         { nb++ }
+         END { exit (bad || na != nb || na == 0) ? 1 : 0 }' "$1" "$2"
+}
+# series P FILE LT TITLE SORT [STYLE]: a line of panel P from FILE, drawn only when FILE
+# has rows; STYLE defaults to "linespoints lt LT". Equal to a series drawn before it in the
+# panel (see `same`): drawn over that one dashed, with smaller points, titled "(= that one)".
+series() {
+    [ -s "$2" ] || return 0
+    st=${6:-"linespoints lt $3"} t=$4 m=0
+    while IFS=$TAB read -r g gt; do
+        if same "$2" "$g"; then
+            m=$((m + 1))
+            [ "$m" -gt 1 ] || t="$4 (= $gt)"
+        fi
+    done < "$DAT/p$1.files"
+    case $m in
+        0) ;;
+        1) st="$st dt (14,14) ps 0.6" ;;
+        *) st="$st dt (4,16) ps 0.4" ;;
+    esac
+    printf '%s\t%s\n' "$2" "$4" >> "$DAT/p$1.files"
+    echo "$2" >> "$DAT/p$1.nfiles"
+    echo "'$2' using 1:2 with $st notitle" >> "$DAT/p$1.items"
+    [ -n "${SERIES_NOKEY:-}" ] || key "$5.$m" "NaN with $st title \"$t\""
+}
+# points P FILE STYLE: points of panel P, no key entry (the caller adds what it needs)
+points() {
+    [ -s "$2" ] || return 1
+    echo "$2" >> "$DAT/p$1.nfiles"
+    echo "'$2' using 1:2 with $3 notitle" >> "$DAT/p$1.items"
+}
+# marks P FILE LT PT PS LABELS: the places where a stage stopped (N y "label"), as points of
+# type PT and size PS, with their labels when LABELS is 1
+marks() {
+    [ -s "$2" ] || return 1
+    echo "$2" >> "$DAT/p$1.nfiles"
+    echo "'$2' using 1:2 with points lt $3 pt $4 ps $5 lw 2 notitle" >> "$DAT/p$1.items"
+    [ "$6" = 0 ] || echo "'$2' using 1:2:3 with labels right offset -1.2, 0.9 tc lt $3 notitle" >> "$DAT/p$1.items"
+}
+# hline P VALUE TITLE: a dotted horizontal reference line (nothing when VALUE is 0)
+hline() {
+    awk -v v="$2" 'BEGIN { exit !(v > 0) }' || return 0
+    echo "$2 with lines dt 3 lw 1.5 lc rgb '#666666' notitle" >> "$DAT/p$1.items"
+    key 990 "NaN with lines dt 3 lw 1.5 lc rgb '#666666' title \"$3\""
+}
+# note P TEXT: a line of text at the bottom left of panel P
+note() { echo "set label 3 \"$2\" at graph 0.02, graph 0.03 left font ',9' tc rgb '#444444'" >> "$DAT/p$1.pre"; }
+begin() { NPANELS=0; : > "$DAT/key.items"; rm -f "$DAT"/p[0-9].*; }
 
-# draw OUT HEADING YLABEL YFORMAT YFACTOR HLINE HLABEL: draws the panels gathered so far
-# (see plots/figure.gp for what each means).
+# draw OUT HEADING: writes DAT/vars.gp, DAT/p<P>.gp (each panel's plot) and DAT/key.gp, and
+# runs plots/figure.gp on them.
 status=0
 draw() {
-    if [ "$FILLED" = 0 ]; then
+    filled=0 p=0
+    {
+        printf 'out = "%s"\nheading = "%s"\npanels = %d\n' "$1" "$2" "$NPANELS"
+        while [ "$p" -lt "$NPANELS" ]; do
+            cat "$DAT/p$p.vars"
+            printf 'nlist%s = "%s"\n' "$p" "$(sort -u "$DAT/p$p.nfiles" | while read -r f; do cat "$f"; done |
+                awk '{ print $1 }' | sort -nu | tr '\n' ' ')"
+            p=$((p + 1))
+        done
+    } > "$DAT/vars.gp"
+    p=0
+    while [ "$p" -lt "$NPANELS" ]; do
+        {
+            cat "$DAT/p$p.pre"
+            if [ -s "$DAT/p$p.items" ]; then
+                filled=1
+                awk 'BEGIN { printf "plot " } NR > 1 { printf ", \\\n     " } { printf "%s", $0 } END { print "" }' "$DAT/p$p.items"
+            else
+                echo "set label 2 'no rows for this panel' at graph 0.5, graph 0.5 center"
+                echo "set yrange [1 : 10]"
+                echo "plot NaN notitle"
+            fi
+        } > "$DAT/p$p.gp"
+        p=$((p + 1))
+    done
+    sort -s -t "$TAB" -k1,1n "$DAT/key.items" |
+        awk -F "$TAB" '{ k = int($1); m = $1 - k } seen[$2]++ || (m > 0 && k in kept) { next } { kept[k] = 1; print $2 }' |
+        awk 'BEGIN { printf "plot " } NR > 1 { printf ", \\\n     " } { printf "%s", $0 } END { if (NR == 0) printf "NaN notitle"; print "" }' \
+        > "$DAT/key.gp"
+    if [ "$filled" = 0 ]; then
         echo "plots: no rows for $1; not drawn"
-    elif key=$(sort -u "$DAT/key" | sort -k1,1n -s) &&
-        klts=$(echo "$key" | cut -d' ' -f1 | tr '\n' ' ') &&
-        ktitles=$(echo "$key" | cut -d' ' -f2 | tr '\n' ' ') &&
-        gnuplot -e "term='$term'; dat='$DAT'; out='$1'; heading='$2'; ylabel='$3'; yformat='$4'; yfactor=$5; hline=$6; hlabel='$7'; panels=$NPANELS; klts='$klts'; ktitles='$ktitles'; $PV" plots/figure.gp; then
+    elif gnuplot -e "term='$term'; dat='$DAT'" plots/figure.gp; then
         echo "plots: wrote $1"
     else
         echo "plots: gnuplot failed on $1" >&2
         status=1
     fi
-    reset_panels
 }
-reset_panels() {
-    PV="prefix1=''; ptitle1=''; names1=''; lts1=''; marks1=''; mlts1=''; nlist1='';"
-    NPANELS=0 FILLED=0
-    : > "$DAT/key"
+
+# stage_lines P PREFIX [SUFFIX]: one series per stage that has DAT/PREFIX__<stage>.dat, in
+# ORDER, titled with the stage name
+stage_lines() {
+    for s in $ORDER; do
+        i=$(lt_of "$s")
+        series "$1" "$DAT/${2}__$s.dat" "$i" "$s" "$((i * 10))"
+    done
 }
-reset_panels
 
 shape="bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d), $GPU"
+ceiling_title="GEMM ceiling ($(printf '%.0f' "$ceiling") TFLOP/s)"
 for dir in forward backward; do
     for d in 64 128; do
-        panel 0 "tf_${dir}_d${d}_c0" "non-causal"
-        panel 1 "tf_${dir}_d${d}_c1" "causal (TFLOP/s of the visible half)"
-        draw "$PLOTS_DIR/tflops_${dir}_d$d.png" "$dir, head dim $d: $shape" "TFLOP/s" "%g" 0 \
-            "$ceiling" "GEMM ceiling ($(printf '%.0f' "$ceiling"))"
+        begin
+        panel 0 "non-causal" "TFLOP/s" "%g" 0
+        stage_lines 0 "tf_${dir}_d${d}_c0"
+        hline 0 "$ceiling" "$ceiling_title"
+        panel 1 "causal (TFLOP/s of the visible half)" "TFLOP/s" "%g" 0
+        stage_lines 1 "tf_${dir}_d${d}_c1"
+        hline 1 "$ceiling" "$ceiling_title"
+        draw "$PLOTS_DIR/tflops_${dir}_d$d.png" "$dir, head dim $d: $shape"
     done
 done
 
-panel 0 ws_sweep "16384 tokens, H = 16: S (B*H*N*N) grows like N"
-[ -z "$LONG" ] || panel 1 ws_long "B = 1, H = 16: S grows like N^2 (x: refused)"
-draw "$PLOTS_DIR/workspace.png" "forward workspace (L + scratch) at head dim 128, $GPU" \
-    "bytes beyond Q, K, V, O" "%.0b %BB" 32 0 ""
+# speedup.png: the ladder's steps (solid) and the tensor-core stages over cuBLAS (dashed)
+begin
+p=0
+for dir in forward backward; do
+    panel "$p" "$dir" "speedup (x): time before / time after" "%g" 2
+    for s in $ORDER; do
+        i=$(lt_of "$s")
+        t=$(awk -v p="su_$dir" -v s="$s" '$1 == p && $2 == s { $1 = ""; $2 = ""; sub(/^ +/, ""); print }' "$DAT/titles")
+        [ -z "$t" ] || series "$p" "$DAT/su_${dir}__$s.dat" "$i" "$t" "$((i * 10))"
+    done
+    for s in $ORDER; do
+        i=$(lt_of "$s")
+        t=$(awk -v p="suc_$dir" -v s="$s" '$1 == p && $2 == s { $1 = ""; $2 = ""; sub(/^ +/, ""); print }' "$DAT/titles")
+        [ -z "$t" ] || series "$p" "$DAT/suc_${dir}__$s.dat" "$i" "$t" "$((500 + i))" "linespoints lt $i dt (20,12) pt $(($(pt_of "$s") - 1))"
+    done
+    hline "$p" 1 "no change"
+    same_note=$(awk -v p="su_$dir" '$1 == p { printf "%s%s / %s", (n++ ? "; " : ""), $2, $3 }' "$DAT/same")
+    [ -z "$same_note" ] || note "$p" "not drawn, within 1% of 1 at every N: $same_note"
+    p=$((p + 1))
+done
+draw "$PLOTS_DIR/speedup.png" "each step of the ladder: time of the stage before / time of the stage (dashed: of cuBLAS / of the stage)\nhead dim 128, non-causal, $shape"
 
-panel 0 su_forward "forward"
-panel 1 su_backward "backward"
-draw "$PLOTS_DIR/speedup.png" "each stage over the one before it: head dim 128, non-causal, $shape" \
-    "speedup (x)" "%g" 2 1 "no change"
+# io_same_hardware.png: standard attention on the tensor cores against FA-1 and FA-2
+begin
+p=0
+for dir in forward backward; do
+    panel "$p" "$dir" "TFLOP/s" "%g" 0
+    k=0
+    for s in cublas $TC_STAGES; do
+        i=$(lt_of "$s") k=$((k + 10))
+        [ -n "$i" ] || continue
+        series "$p" "$DAT/tf_${dir}_d128_c0__$s.dat" "$i" "$s" "$k"
+        series "$p" "$DAT/tf_${dir}_d128_c1__$s.dat" "$i" "$s causal" "$((k + 1))" \
+            "linespoints lt $i dt (20,12) pt $(($(pt_of "$s") - 1))"
+    done
+    hline "$p" "$ceiling" "$ceiling_title"
+    p=$((p + 1))
+done
+draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM) vs FA-1 (05_tensor_cores) and FA-2 (06_fa2)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half); $GPU, rows of $DATE"
+
+# bytes.png: measured DRAM bytes against the models
+if [ -n "$BYTES" ]; then
+    begin
+    bshape=$(awk -F, 'NR == 2 { printf "head dim %s, H = %s, B = %s/N, non-causal, %s", $8, $6, $5 * $7, $4; exit }' "$BYTES")
+    panel 0 "read + written: measured (points), modelled (lines)" "GB (10^9 bytes) per forward call" "%g" 0
+    panel 1 "measured / modelled" "measured / model" "%g" 0
+    for s in $ORDER; do
+        i=$(lt_of "$s")
+        [ -s "$DAT/by_meas__$s.dat" ] || continue
+        points 0 "$DAT/by_meas__$s.dat" "points lt $i ps 1.8"
+        [ ! -s "$DAT/by_model__$s.dat" ] || points 0 "$DAT/by_model__$s.dat" "lines lt $i"
+        key "$((i * 10))" "NaN with linespoints lt $i title \"$s\""
+        SERIES_NOKEY=1 series 1 "$DAT/by_ratio__$s.dat" "$i" "$s" "$((i * 10))"
+    done
+    if [ -s "$DAT/key.items" ]; then
+        key 900 "NaN with points lc rgb '#000000' pt 7 ps 1.8 title \"measured: Nsight Compute\""
+        key 901 "NaN with lines lc rgb '#000000' lw 2 title \"model: plots/bytes_model.awk\""
+    fi
+    if points 0 "$DAT/by_once__all.dat" "lines dt 3 lw 2 lc rgb '#666666'"; then
+        key 902 "NaN with lines dt 3 lw 2 lc rgb '#666666' title \"Q, K, V, O once\""
+    fi
+    hline 1 1 "measured = model"
+    draw "$PLOTS_DIR/bytes.png" "HBM (DRAM) bytes of one forward call: Nsight Compute's counts vs the byte models; $bshape, $GPU"
+fi
+
+begin
+panel 0 "16384 tokens, H = 16: S (B*H*N*N) grows like N" "bytes beyond Q, K, V, O" "%.0b %BB" 32
+stage_lines 0 ws_sweep
+if [ -n "$LONG" ]; then
+    panel 1 "B = 1, H = 16: S grows like N^2 (x: refused)" "bytes beyond Q, K, V, O" "%.0b %BB" 32
+    stage_lines 1 ws_long
+    for s in $ORDER; do marks 1 "$DAT/ws_long_x__$s.dat" "$(lt_of "$s")" 2 2.5 1 || :; done
+fi
+draw "$PLOTS_DIR/workspace.png" "forward workspace (L + scratch) at head dim 128, $GPU"
 
 if [ -n "$LONG" ]; then
-    panel 0 long_forward "forward"
-    panel 1 long_backward "backward"
-    draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16, $GPU; x = where a stage stopped" \
-        "time per call (ms)" "%g" 0 0 ""
+    begin
+    p=0
+    for dir in forward backward; do
+        panel "$p" "$dir" "time per call (ms)" "%g" 0
+        stage_lines "$p" "long_$dir"
+        for s in $ORDER; do
+            i=$(lt_of "$s")
+            marks "$p" "$DAT/long_${dir}_x__$s.dat" "$i" 2 2.5 1 && echo x >> "$DAT/has_x"
+            marks "$p" "$DAT/long_${dir}_x2__$s.dat" "$i" 2 1.5 0
+            marks "$p" "$DAT/long_${dir}_s__$s.dat" "$i" 6 2.5 0
+            marks "$p" "$DAT/long_${dir}_s2__$s.dat" "$i" 6 1.5 0
+        done
+        p=$((p + 1))
+    done
+    [ ! -s "$DAT/has_x" ] || key 980 "NaN with points lc rgb '#000000' pt 2 ps 2 lw 2 title \"refused or failed (labelled)\""
+    sort -u "$DAT/skipnotes" | while read -r t; do
+        key 981 "NaN with points lc rgb '#000000' pt 6 ps 2 lw 2 title \"$t\""
+    done
+    draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16, $GPU; where a stage stopped (on the N^2 continuation of its line):\nx refused or failed, o not run: the bench's prediction of the call passed its time cap"
 fi
-sh plots/readme_table.sh --update README.md || status=1
-sh plots/docs_tables.sh --update docs/*.md || status=1
+[ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/readme_table.sh --update README.md || status=1
+[ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/docs_tables.sh --update docs/*.md || status=1
 exit $status

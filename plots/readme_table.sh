@@ -1,15 +1,26 @@
 #!/bin/sh
-# plots/readme_table.sh: the README's ladder table, generated from the measured CSVs.
+# plots/readme_table.sh: the README's generated blocks, from the measured CSVs: the ladder
+# table and the papers' headline ratios.
 #
 #   sh plots/readme_table.sh                    print the Markdown table
+#   sh plots/readme_table.sh --headline         print the headline block
 #   sh plots/readme_table.sh --update README.md replace what lies between the lines
 #                                               <!-- table:begin --> and <!-- table:end -->
+#                                               (required), and between <!-- headline:begin -->
+#                                               and <!-- headline:end --> (where present)
 #
 # One row per stage (then cuBLAS and the PyTorch anchors), at head dim TABLE_D (128) and
 # N = TABLE_N (8192) of the bench protocol (16384 tokens, hidden 2048): forward and backward
 # TFLOP/s, non-causal and causal; the workspace (L + scratch) forward / backward; the
 # longest N that ran in the long-context runs (B = 1, H = 16, d = 128); and the TFLOP/s
 # ratio to PyTorch's FLASH backend (FA-2) on the same shape.
+#
+# The headline block: the ratios the FlashAttention papers lead with, as this GPU reproduces
+# them, per N of the sweep, head dim 128 and 64, non-causal: FA-1 over standard attention
+# (time of HEADLINE_STD, cublas, over time of HEADLINE_FA1, 05_tensor_cores: both on the
+# tensor cores) and FA-2 over FA-1 (time of HEADLINE_FA1 over time of HEADLINE_FA2, 06_fa2),
+# forward, backward and forward + backward (the ratio of the summed times); the papers' own
+# figures, cited, in a caption line; the date of the rows as plots/plots.sh --date gives it.
 # The CSVs are the ones plots/plots.sh draws (RESULTS_CSV / RESULTS_LONG_CSV to choose).
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -17,6 +28,11 @@ TABLE_D=${TABLE_D:-128}
 TABLE_N=${TABLE_N:-8192}
 BEGIN_MARK='<!-- table:begin -->'
 END_MARK='<!-- table:end -->'
+HL_BEGIN='<!-- headline:begin -->'
+HL_END='<!-- headline:end -->'
+HEADLINE_STD=${HEADLINE_STD:-cublas}
+HEADLINE_FA1=${HEADLINE_FA1:-05_tensor_cores}
+HEADLINE_FA2=${HEADLINE_FA2:-06_fa2}
 
 csvs=$(sh plots/plots.sh --which) || exit 2
 MAIN=$(echo "$csvs" | sed -n 1p)
@@ -70,24 +86,88 @@ table() {
         }' ${LONG:+"$LONG"} "$MAIN" | sort -k1,1n -k2,2 | cut -f2
 }
 
+headline() {
+    gpu=$(awk -F, 'NR == 2 { print $1; exit }' "$MAIN")
+    rdate=$(sh plots/plots.sh --date)
+    awk -F, -v std="$HEADLINE_STD" -v fa1="$HEADLINE_FA1" -v fa2="$HEADLINE_FA2" '
+        function x(r) { return r >= 10 ? sprintf("%.1f×", r) : sprintf("%.2f×", r) }
+        # time of a / time of b on one shape, directions "forward", "backward" or "both"
+        function ratio(a, b, dir, d, n,   ta, tb, k) {
+            if (dir == "both") {
+                ta = t(a, "forward", d, n); tb = t(b, "forward", d, n)
+                if (ta < 0 || tb < 0 || t(a, "backward", d, n) < 0 || t(b, "backward", d, n) < 0) return "-"
+                ta += t(a, "backward", d, n); tb += t(b, "backward", d, n)
+            } else {
+                ta = t(a, dir, d, n); tb = t(b, dir, d, n)
+                if (ta < 0 || tb < 0) return "-"
+            }
+            return x(ta / tb)
+        }
+        function t(s, dir, d, n,   k) {
+            k = s SUBSEP dir SUBSEP d SUBSEP n
+            return (k in ms) ? ms[k] : -1
+        }
+        FNR == 1 || $11 != 0 { next }
+        $15 == "ok" && $12 > 0 { ms[$2, $3, $10, $8] = $12 }
+        !($8 in nseen) { nseen[$8] = 1; ns[++nn] = $8 + 0 }
+        END {
+            for (i = 2; i <= nn; i++) for (j = i; j > 1 && ns[j - 1] > ns[j]; j--) { y = ns[j]; ns[j] = ns[j - 1]; ns[j - 1] = y }
+            for (d = 128; d >= 64; d /= 2) {
+                print ""
+                print "| N, head dim " d " | FA-1 / standard fwd | bwd | fwd + bwd | FA-2 / FA-1 fwd | bwd | fwd + bwd |"
+                print "|--:|--:|--:|--:|--:|--:|--:|"
+                for (i = 1; i <= nn; i++) {
+                    n = ns[i]
+                    printf "| %d | %s | %s | %s | %s | %s | %s |\n", n,
+                        ratio(std, fa1, "forward", d, n), ratio(std, fa1, "backward", d, n), ratio(std, fa1, "both", d, n),
+                        ratio(fa1, fa2, "forward", d, n), ratio(fa1, fa2, "backward", d, n), ratio(fa1, fa2, "both", d, n)
+                }
+            }
+        }' "$MAIN" || return 1
+    echo
+    echo "*FA-1 / standard: time of \`$HEADLINE_STD\` (standard attention on the tensor cores, S and P in HBM) over time of \`$HEADLINE_FA1\` (FA-1);"
+    echo "FA-2 / FA-1: time of \`$HEADLINE_FA1\` over time of \`$HEADLINE_FA2\`; fwd + bwd: the ratio of the summed times. Non-causal, bf16,"
+    echo "16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d), median times.*"
+    echo
+    echo "*The papers' figures, cited (A100, not measured here): FlashAttention (Dao et al., 2022): 2-4× faster attention, forward + backward,"
+    echo "than PyTorch's standard attention at N ≤ 4K (its Tables 11 and 20: 2.0-3.3× with dropout and masking, 1.6-2.3× without);"
+    echo "FlashAttention-2 (Dao, 2023): 1.7-3.0× faster than FlashAttention, up to 225-230 TFLOP/s forward.*"
+    echo
+    echo "*All ratios from one \`make bench\` run, \`$MAIN\` ($gpu, rows of $rdate); generated by \`plots/readme_table.sh\`: do not edit by hand.*"
+}
+
+# replace FILE BEGIN END CONTENT: what lies between the lines BEGIN and END of FILE becomes
+# the file CONTENT (the marker lines and everything outside them are kept)
+replace() {
+    awk -v b="$2" -v e="$3" -v tf="$4" '
+        index($0, b) { print; while ((getline line < tf) > 0) print line; skip = 1; next }
+        index($0, e) { skip = 0 }
+        !skip' "$1" > "$1.new" && cat "$1.new" > "$1"
+    rm -f "$1.new"
+}
+
 case ${1:-} in
     "")
         table ;;
+    --headline)
+        headline ;;
     --update)
         file=${2:?usage: plots/readme_table.sh --update README.md}
         if ! grep -qF "$BEGIN_MARK" "$file" || ! grep -qF "$END_MARK" "$file"; then
             echo "readme_table: $file lacks the lines $BEGIN_MARK and $END_MARK" >&2
             exit 2
         fi
-        table > "$file.table" || exit 1
-        # Keep everything outside the markers, the markers themselves, and put the table between.
-        awk -v b="$BEGIN_MARK" -v e="$END_MARK" -v tf="$file.table" '
-            index($0, b) { print; while ((getline line < tf) > 0) print line; skip = 1; next }
-            index($0, e) { skip = 0 }
-            !skip' "$file" > "$file.new" && cat "$file.new" > "$file"
-        rm -f "$file.new" "$file.table"
-        echo "readme_table: updated $file" ;;
+        table > "$file.table" || { rm -f "$file.table"; exit 1; }
+        cp "$file" "$file.old"
+        replace "$file" "$BEGIN_MARK" "$END_MARK" "$file.table"
+        if grep -qF "$HL_BEGIN" "$file" && grep -qF "$HL_END" "$file"; then
+            headline > "$file.table" || { rm -f "$file.table" "$file.old"; exit 1; }
+            replace "$file" "$HL_BEGIN" "$HL_END" "$file.table"
+        fi
+        if cmp -s "$file" "$file.old"; then echo "readme_table: $file up to date"
+        else echo "readme_table: updated $file"; fi
+        rm -f "$file.table" "$file.old" ;;
     *)
-        echo "usage: sh plots/readme_table.sh [--update README.md]" >&2
+        echo "usage: sh plots/readme_table.sh [--headline | --update README.md]" >&2
         exit 2 ;;
 esac
