@@ -37,10 +37,11 @@
 #     nearly every K/V re-read, so the DRAM counts fall to about bm_once's)
 # Against Nsight Compute's DRAM counts (plots/results/*-bytes.csv: d = 128, N = 1024, 4096,
 # 16384): 03_tiled and 05_tensor_cores within 1%; cublas within 1% at N >= 4096; 01_naive's
-# writes within 1% and its reads up to 12% above the model at N >= 4096 (re-reads of K and V
-# by its one-thread-per-element kernels that miss the L2). At N = 1024, 01_naive and cublas
-# read 35-45% less than modelled: a 4 KiB row of S is still in the L2 when the softmax passes
-# over it again. 06_fa2 moves about bm_once's bytes, 2-20% of its model.
+# writes within 1% and its reads 10-12% above the model at N >= 4096 (not traced: most likely
+# re-reads of K and V by its one-thread-per-element kernels that miss the L2). At N = 1024,
+# 01_naive and cublas read 35-45% less than modelled: a 4 KiB row of S is still in the L2
+# when the softmax passes over it again. 06_fa2 moves about bm_once's bytes, 1.6-21% of
+# its model.
 #
 # Functions (the names start with bm_; locals are the extra parameters):
 #   bm_has(s)                     1 when stage s has a model
