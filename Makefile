@@ -2,6 +2,8 @@
 #
 #   make                  every stage program build/<stage> and build/cublas
 #   make build/03_tiled   one stage (build/<stage>.ptxas.log gets ptxas' register/spill report)
+#   make build/03_tiled BR=32 BC=128   stage 3 (and 4, BR only) with other tile sizes; make
+#                         again without them to go back (the objects remember the knobs)
 #   make test             static check + Criterion tests (GPU tests skip without a GPU)
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
 #   make bench / plots    plots/bench.sh then plots/bytes.sh (GPU), plots/plots.sh
@@ -80,10 +82,18 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
+# ---- tile-size knobs: BR and BC reach the stages whose source reads them (#ifndef BR); the
+# file build/knobs changes only when the knobs do, and those stages are rebuilt then --------
+KNOBS := $(strip $(if $(BR),-DBR=$(BR)) $(if $(BC),-DBC=$(BC)))
+KNOB_STAGES := $(patsubst $(STAGES_DIR)/%/attention.cu,%,$(shell grep -l '^\#ifndef BR' $(STAGES_DIR)/*/attention.cu 2>/dev/null))
+$(BUILD)/knobs: FORCE | $(OBJ)
+	@echo '$(KNOBS)' > $@.tmp; if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+$(patsubst %,$(OBJ)/%.stage.o,$(KNOB_STAGES)): $(BUILD)/knobs
+
 # ---- stages: object (ptxas report kept), main with the stage's symbol, program ---------
 $(OBJ)/%.stage.o: $(STAGES_DIR)/%/attention.cu $(DEV_HDRS) | $(OBJ)
-	@echo "nvcc $< -> $@ (ptxas report: $(BUILD)/$*.ptxas.log)"
-	@$(NVCC) $(NVFLAGS) -Xptxas -v -c $< -o $@ 2> $(BUILD)/$*.ptxas.log || \
+	@echo "nvcc $< -> $@ (ptxas report: $(BUILD)/$*.ptxas.log)$(if $(filter $*,$(KNOB_STAGES)),$(if $(KNOBS), $(KNOBS)))"
+	@$(NVCC) $(NVFLAGS) $(if $(filter $*,$(KNOB_STAGES)),$(KNOBS)) -Xptxas -v -c $< -o $@ 2> $(BUILD)/$*.ptxas.log || \
 	  { cat $(BUILD)/$*.ptxas.log; rm -f $@; exit 1; }
 	@grep -v '^ptxas info\|^    [0-9]* bytes stack frame' $(BUILD)/$*.ptxas.log || true
 
