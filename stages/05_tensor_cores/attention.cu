@@ -73,6 +73,10 @@ static __host__ __device__ __forceinline__ fwd_smem forward_layout(int d)
     return m;
 }
 
+/* The exchange (WARPS partial O_w and their m_w, l_w) must fit in K_j's and V_j's bytes. */
+static_assert(WARPS * Br * D_MAX * sizeof(float) + 2 * WARPS * Br * sizeof(float) <= 2 * KV_TILE_BYTES,
+              "the warps' exchange does not fit in K_j, V_j");
+
 static size_t smem_bytes(int d)
 {
     return (size_t)forward_layout(d).bytes;
@@ -493,7 +497,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 
 /* One kernel per head dim and dtype, each with literals inside (one kernel holding all four
  * branches is register-allocated as a whole and spills). Two blocks of 4 warps per SM: up to
- * 255 registers a thread, 2 x 96 KiB of shared memory at d = 128. */
+ * 255 registers a thread, 2 x 88 KiB of shared memory at d = 128. */
 typedef void (*attention_fn)(attn_problem, attn_args);
 static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a)  { tiled_attention(p, a, 64, 0); }
 static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a)  { tiled_attention(p, a, 64, 1); }
@@ -623,7 +627,7 @@ static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, cons
     load_tiles(QdO, a->q, a->d_o, b, i0, br, p->N_q, h, p->H, d, BWD_THREADS);
 }
 
-/* One step of the backward loop: query tile i0 .. i0+Br-1 of query head h (stage st of the
+/* One step of the backward loop: query tile i0 .. i0+br-1 of query head h (stage st of the
  * Q_i, dO_i buffers) against K_j, V_j (keys j0 ..), after starting the loads of the next step
  * (h_next, i_next) into the other stage. masked is a literal: the steps that cross the
  * diagonal or N_k run a copy of this code with the mask, all others a copy without it, which
@@ -823,8 +827,8 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     const int b = blockIdx.z, h_kv = blockIdx.y, j0 = j * BWD_Bc;   /* gridDim.x = 1 */
     const int group = p.H / p.H_kv;
 
-    /* Causal: query tile t reaches row t*Br + Br - 1, which sees key j0 iff that is >= j0;
-     * the tiles before j0 / Br see none of these keys and are skipped. A step is one
+    /* Causal: query tile t reaches row t*br + br - 1, which sees key j0 iff that is >= j0;
+     * the tiles before j0 / br see none of these keys and are skipped. A step is one
      * (query head, query tile) pair. */
     const int Tr = (p.N_q + br - 1) / br;
     const int t_first = p.causal ? min(j0 / br, Tr) : 0;

@@ -1,73 +1,31 @@
 /* stages/06_fa2/attention.cu: FlashAttention-2 on the tensor cores (mma.sync, sm_80 and up).
  *
- * Changed from 04_backward: the same algorithm (Q-outer forward with the online softmax,
- * K/V-outer backward that recomputes P_ij from L), now done the FlashAttention-2 way:
- * - Tensor cores: every product is mma.sync.m16n8k16, bf16/fp16 operands, fp32 accumulators
- *   (common/mma.cuh). Tiles are kept 16-bit in shared memory and fragments read with
- *   ldmatrix (.trans where the operand is stored the other way round). The 16-byte chunks of
- *   each row are XOR-swizzled with the row (chunk ^ row % 8), so the 8 rows one ldmatrix
- *   phase reads fall in 8 different bank groups: no conflicts, no padding.
- * - Copies global -> shared are 16-byte cp.async (zero-filled past N) into two buffers:
- *   K_j+1, V_j+1 (backward: Q_i+1, dO_i+1) load while tile j is being computed. K_j and V_j
- *   (Q_i and dO_i) have the same shape, so one address computation serves a row of both.
- * - Few instructions around the mmas: fragment addresses move along a tile's columns by XOR
- *   (the swizzle is one), and the backward runs a copy of its step without the mask for the
- *   steps that need none, so nothing branches between its barrier and its atomics. Together
- *   with the paired loads this took 7% off the forward and the backward at d = 128 (the
- *   forward's loop: 1412 -> 1309 instructions per tile, 256 of them mmas).
- * - Work split: the forward block owns Q_i (Br = 128 rows, Bc = 64 keys per K_j, V_j) and each
- *   of its 4 warps 32 of those rows, never keys, so m_i and l_i live in the 4 lanes of a quad:
- *   two shuffles and no shared-memory reduction. 32 rows (two mma tiles) per warp make every
- *   K_j, V_j fragment read from shared memory feed two mmas; a variant with 16 rows per warp
- *   (8 warps, Q_i kept in registers) was slower during development, short of shared-memory
- *   bandwidth. Two blocks per SM.
- * - Fewer non-matmul FLOPs: scores stay in the log2 domain (scale * LOG2E folded into the
- *   FFMA in front of ex2), O_i is rescaled by one multiply per tile, l_i is summed across the
- *   quad and O_i divided by it once, after the last tile.
- * - P_ij never touches shared memory in the forward: the accumulator layout of S_ij is the A
- *   operand layout of the next mma, after rounding pairs into bf16x2/f16x2 registers.
- * - Outputs leave 16 bytes a store: O (and dK, dV) are rounded into a shared-memory tile and
- *   copied out in whole 16-byte chunks, not as the accumulators' 4-byte pairs.
- * - Grid over (query tiles, heads, batch); causal: tiles above the diagonal skipped, only the
- *   tiles crossing it (or N_k) masked, and the biggest query tiles start first.
- * - Backward (FA-2 Algorithm 2): a kernel for D = rowsum(dO ∘ O); then one block per K_j, V_j
- *   (Bc = 128 keys of one kv head, 8 warps) that visits every query head of its GQA group and
- *   every Q_i (Br = 64 rows at d = 128; 128 at d = 64, where the half-depth products leave
- *   the per-step work a larger share, on GPUs whose shared memory holds the taller step) at
- *   or below the diagonal. S_ij and dP_ij are Br x 128 products (warps 2 x 4, Br/2 x 32
- *   each); P_ij and dS_ij go to shared memory as 16-bit so that
- *   dV_j += P_ijᵀ dO_i and dK_j += dS_ijᵀ Q_i can read them transposed (warps 4 x 2 over keys x
- *   d, accumulators in registers for the whole loop); dQ_i += dS_ij K_j (warps 2 x 4) is added
- *   to an fp32 accumulator with atomicAdd, and a last kernel scales and rounds it. The
- *   accumulator is stored in the order the threads hold dQ_i, so that each atomic instruction
- *   covers 128 contiguous bytes (a row-major accumulator made the backward about a third
- *   slower during development). D and the zeroing of the accumulator are one pass with
- *   16-byte loads and stores, and so is the final conversion of dQ. Default.
- * - Deterministic backward (--deterministic): the K/V kernel skips dQ; a Q-outer kernel (one
- *   block per 64 query rows, 4 warps) recomputes S_ij, P_ij, dP_ij for every K_j it needs and
- *   sums dQ_i in registers in a fixed order. Bitwise repeatable, no atomics, workspace D only
- *   (O(N)); cost: 7 matmuls instead of 5 (S and dP are computed twice).
- *   (Per-key-tile partial dQ buffers would be O(Tc N d): quadratic memory.)
- * Why: stage 4 ran on the fp32 CUDA cores; matrix products belong on the tensor cores, and
- * once they are there, shared-memory traffic, bank conflicts, load latency and the
- * softmax's own FLOPs become the bottlenecks that the other changes address.
- * Time: at or above PyTorch's FA-2 backend on the same H200 in the same run: at d = 128,
- * N = 8192 forward 1.02x, backward 1.06x (357 and 328 TFLOP/s); every bench shape, d = 64
- * and 128, causal and not, 1.00-1.33x but one at 0.996x (the d = 128 forward at N = 2048,
- * where the forward's margin is within run-to-run noise). Taller backward steps at d = 64
- * (128 rows) took that backward from 0.93x to 1.02x. The table, the ratios per shape and what
- * limits the rest are in docs/06_fa2.md (generated from plots/results/). The deterministic
- * backward costs the two extra matmuls.
- * Tried and reverted: skipping the O_i rescale when no row max moved (a warp vote) spilled
- * at the 255-register cap; tree-shaped row max and sum in the softmax were 2% slower; Bc = 32
- * in the forward, 2% slower; the forward has no unmasked copy of its loop body, because
- * without the mask's branch ptxas spilled at the register cap.
- * Memory: forward none beyond L; backward D [B, H, N_q] fp32 + the dQ accumulator, B H N_q d
- * fp32 (N_q rounded up to Br) (deterministic: D only), all O(N).
- * Shared memory per block: forward 96 KiB (d = 128) / 48 KiB (64); backward 161 KiB / 162 KiB
- * (97 KiB with Br = 64); deterministic dQ kernel 96 / 48 KiB. A GPU with 99 KiB per block
- * (RTX 4090, A6000) runs all but the d = 128 backward, which check() refuses there, and its
- * d = 64 backward with Br = 64 (ATTN_SMEM_PER_BLOCK=101376 emulates one).
+ * Changed from 05_tensor_cores: the same tensor-core machinery (mma.sync, swizzled ldmatrix,
+ * cp.async double buffering, exp2 with the scale folded in), FlashAttention-2's algorithm:
+ * - Forward, Q outer (FA-2 Algorithm 1): a block owns Q_i (Br = 128 rows) and loops over K_j,
+ *   V_j (Bc = 64 keys); O_i, m_i, l_i never leave registers, O_i is divided by l_i once, after
+ *   the last tile, and only L = m + log l is written. No round trip of O through HBM.
+ * - Parallel over the sequence: one block per (query tile, head, batch), not per head, so a
+ *   long sequence with few heads still fills the GPU.
+ * - Warps split the queries, not the keys: each of the 4 warps owns 32 rows of Q_i, so m_i and
+ *   l_i live in the 4 lanes of a quad (two shuffles) and no partial O crosses warps.
+ * - P_ij stays in registers: S's accumulator layout is the A operand of the next mma.
+ * - Causal: tiles above the diagonal skipped, only the tiles crossing it (or N_k) masked,
+ *   the biggest query tiles launched first.
+ * - Backward (FA-2 Algorithm 2): D in a kernel of its own; one block per K_j, V_j (Bc = 128,
+ *   8 warps) instead of a host loop over K_j, so the key tiles run in parallel and dQ_i is
+ *   added to an fp32 accumulator with atomics (red.global.add) from many blocks: its last
+ *   bits vary between runs. The step code is stage 5's.
+ * - --deterministic: the K/V kernel skips dQ; a Q-outer kernel recomputes S_ij, P_ij, dP_ij for
+ *   every K_j it needs and sums dQ_i in registers in a fixed order (7 matmuls instead of 5).
+ * Why: FA-1's grid leaves SMs idle when B x H is small, its O_i makes a round trip to HBM per
+ *   K/V tile, and its split of the keys costs a shared-memory exchange per step.
+ * Time: at or above PyTorch's FA-2 backend on the same GPU (docs/06_fa2.md, generated).
+ * Memory: forward none beyond L; backward D [B, H, N_q] fp32 + the dQ accumulator,
+ *   B H N_q d fp32 (N_q rounded up to the step height) (deterministic: D only), all O(N).
+ * Shared memory per block: forward 96 KiB (d = 128) / 48 KiB (64), two blocks per SM; backward
+ *   161 KiB / 162 KiB (97 KiB with 64 query rows per step: GPUs with 99 KiB a block run all but
+ *   the d = 128 backward, which check() refuses there).
  *
  * Run: make build/06_fa2 && build/06_fa2 --seqlen 8192 --dim 128 --check --bench --backward
  *      (add --deterministic for the atomic-free dQ)
@@ -542,7 +500,7 @@ static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, cons
     load_tiles(QdO, a->q, a->d_o, b, i0, br, p->N_q, h, p->H, d, BWD_THREADS);
 }
 
-/* One step of the backward loop: query tile i0 .. i0+Br-1 of query head h (stage st of the
+/* One step of the backward loop: query tile i0 .. i0+br-1 of query head h (stage st of the
  * Q_i, dO_i buffers) against this block's K_j, V_j, after starting the loads of the next step
  * (h_next, i_next) into the other stage. masked is a literal: the steps that cross the
  * diagonal or N_k run a copy of this code with the mask, all others a copy without it, which
@@ -739,8 +697,8 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     const int b = blockIdx.z, h_kv = blockIdx.y, j0 = blockIdx.x * BWD_Bc;
     const int group = p.H / p.H_kv;
 
-    /* Causal: query tile t reaches row t*Br + Br - 1, which sees key j0 iff that is >= j0;
-     * the tiles before j0 / Br see none of these keys and are skipped. A step is one
+    /* Causal: query tile t reaches row t*br + br - 1, which sees key j0 iff that is >= j0;
+     * the tiles before j0 / br see none of these keys and are skipped. A step is one
      * (query head, query tile) pair. */
     const int Tr = (p.N_q + br - 1) / br;
     const int t_first = p.causal ? min(j0 / br, Tr) : 0;
