@@ -71,6 +71,12 @@ typedef struct attn_stage {
     cudaError_t (*backward)(const attn_problem *p, const attn_args *a, cudaStream_t s); /* NULL: none */
 } attn_stage;
 
+/* Host, from the harness: the shared memory a block may opt in to on the current device, in
+ * bytes, into *bytes; 0 on success. ATTN_SMEM_PER_BLOCK=n (bytes) lowers it, to see what a
+ * smaller GPU refuses or runs differently (an RTX 4090 or RTX A6000 gives a block 101376, an
+ * A100 166912). Stages size their tiles and write check()'s refusals with it. */
+int attn_smem_per_block(int *bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,19 +43,11 @@ static __device__ __forceinline__ float warp_sum(float x)
 
 static inline int attn_ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-/* Host: the shared memory a block may opt in to on the current device, in bytes, into *bytes;
- * 0 on success. ATTN_SMEM_PER_BLOCK=n (bytes) lowers it, to see what a smaller GPU refuses or
- * runs differently (an RTX 4090 or RTX A6000 gives a block 101376, an A100 166912). */
-static inline int attn_smem_per_block(int *bytes)
+/* Blocks of per_block threads (or items) for n items. n can pass 2^32 (stage 1's S at B = 1,
+ * H = 16, N = 16384 has 2^32 elements), so it is a size_t; grid x takes up to 2^31 - 1 blocks. */
+static inline unsigned attn_blocks_for(size_t n, int per_block)
 {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return 1;
-    const char *cap = getenv("ATTN_SMEM_PER_BLOCK");
-    const long n = cap ? strtol(cap, NULL, 10) : 0;
-    if (n > 0 && n < *bytes) *bytes = (int)n;
-    return 0;
+    return (unsigned)((n + per_block - 1) / per_block);
 }
 
 /* One 16-bit element of dtype t at index i of base, as float. The dtype is uniform across

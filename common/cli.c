@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "harness.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -181,7 +183,7 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         return 2;
     }
     const char *smem = getenv("ATTN_SMEM_PER_BLOCK");
-    if (smem) {   /* read by attn_smem_per_block (attn_device.cuh); checked here, before CUDA */
+    if (smem) {   /* read by attn_smem_per_block (runner.c); checked here, before CUDA */
         char *end;
         errno = 0;
         const long v = strtol(smem, &end, 10);
@@ -253,6 +255,24 @@ int attn_main(const attn_stage *st, int argc, char **argv)
     if (c.help) {
         attn_print_help(stdout, argv[0], st);
         return 0;
+    }
+    /* --save DIR: the directory must be writable before the run, not found wanting after it */
+    if (c.save) {
+        if (mkdir(c.save, 0777) != 0 && errno != EEXIST) {
+            fprintf(stderr, "%s: --save %s: cannot create the directory (%s)\n", st->name, c.save,
+                    strerror(errno));
+            return 2;
+        }
+        struct stat sb;
+        if (stat(c.save, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "%s: --save %s: not a directory\n", st->name, c.save);
+            return 2;
+        }
+        if (access(c.save, W_OK | X_OK) != 0) {
+            fprintf(stderr, "%s: --save %s: cannot write there (%s)\n", st->name, c.save,
+                    strerror(errno));
+            return 2;
+        }
     }
     attn_host t;
     attn_problem p = c.p;

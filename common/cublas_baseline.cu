@@ -163,12 +163,6 @@ static int scores_ld(const attn_problem *p)
     return (p->N_k + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
 }
 
-/* Blocks of `per_block` for n items (n can pass 2^32; grid x takes 2^31 - 1 blocks). */
-static unsigned blocks_for(size_t n, int per_block)
-{
-    return (unsigned)((n + per_block - 1) / per_block);
-}
-
 static size_t align_up(size_t bytes)
 {
     return (bytes + WS_ALIGN - 1) / WS_ALIGN * WS_ALIGN;
@@ -233,7 +227,7 @@ static cudaError_t gemm(const context *c, cublasOperation_t op_a, cublasOperatio
                         int n, int k, float alpha, operand A, operand B, operand C)
 {
     const int batch = c->p->B * c->p->H;
-    pointers_kernel<<<blocks_for(batch, THREADS), THREADS, 0, c->s>>>(
+    pointers_kernel<<<attn_blocks_for(batch, THREADS), THREADS, 0, c->s>>>(
         c->p->B, c->p->H, A, B, C, c->A_ptrs, c->B_ptrs, c->C_ptrs);
     ATTN_LAUNCH_CHECK();
     const float beta = 0.0f;
@@ -275,7 +269,7 @@ static cudaError_t scores_and_probs(const context *c, const attn_args *a, float 
     ATTN_TRY(gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, p->N_k, p->N_q, p->d, p->scale, kv_operand(p, a->k),
                   query_operand(p, a->q), scores_operand(p, c->S, CUDA_R_32F)));
     const size_t n_rows = (size_t)p->B * p->H * p->N_q;
-    softmax_kernel<<<blocks_for(n_rows, ROWS_PER_BLOCK), THREADS, 0, c->s>>>(*p, scores_ld(p), c->S,
+    softmax_kernel<<<attn_blocks_for(n_rows, ROWS_PER_BLOCK), THREADS, 0, c->s>>>(*p, scores_ld(p), c->S,
                                                                              c->P, lse);
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
@@ -286,7 +280,7 @@ static cudaError_t group_sum(const context *c, void *out)
 {
     const attn_problem *p = c->p;
     const size_t n = (size_t)p->B * p->N_k * p->H_kv * p->d;
-    group_sum_kernel<<<blocks_for(n, THREADS), THREADS, 0, c->s>>>(*p, c->acc, out);
+    group_sum_kernel<<<attn_blocks_for(n, THREADS), THREADS, 0, c->s>>>(*p, c->acc, out);
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }
@@ -342,7 +336,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
 
     /* dS = P ∘ (dP - D) */
     const size_t n_rows = (size_t)p->B * p->H * p->N_q;
-    grad_scores_kernel<<<blocks_for(n_rows, ROWS_PER_BLOCK), THREADS, 0, s>>>(*p, scores_ld(p), c.S,
+    grad_scores_kernel<<<attn_blocks_for(n_rows, ROWS_PER_BLOCK), THREADS, 0, s>>>(*p, scores_ld(p), c.S,
                                                                              c.P);
     ATTN_LAUNCH_CHECK();
 

@@ -31,6 +31,18 @@
 #define BENCH_SLOW_MS 1000.0   /* ... once this much was timed */
 #define WARMUP_ONE_MS 250.0    /* one warm-up run this long is enough (module loaded, clocks up) */
 
+int attn_smem_per_block(int *bytes)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return 1;
+    const char *cap = getenv("ATTN_SMEM_PER_BLOCK");   /* validated by attn_parse_args */
+    const long n = cap ? strtol(cap, NULL, 10) : 0;
+    if (n > 0 && n < *bytes) *bytes = (int)n;
+    return 0;
+}
+
 int attn_gpu_available(int *count, char *why)
 {
     int n = 0;

@@ -117,7 +117,8 @@ Test(cli, program_exit_codes)
 {
     need_program();
     const char *bad[] = { "--bad-flag", "--heads abc", "--seqlen 0", "--heads 4 --kv-heads 3",
-                          "--dtype fp8", "--seqlen", "--load /nonexistent/dir" };
+                          "--dtype fp8", "--seqlen", "--load /nonexistent/dir",
+                          "--save /nonexistent/dir/sub", "--save /dev/null" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int lines;
         char first[1024];

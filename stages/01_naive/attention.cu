@@ -158,13 +158,6 @@ static __global__ void grad_scores_kernel(attn_problem p, const float *P, const 
     dS[idx] = P[idx] * (dS[idx] - D[idx / p.N_k]);
 }
 
-/* Blocks of `per_block` for n items. n can pass 2^32 (S at B = 1, H = 16, N = 16384 has
- * 2^32 elements), so sizes are size_t; grid x takes up to 2^31 - 1 blocks. */
-static unsigned blocks_for(size_t n, int per_block)
-{
-    return (unsigned)((n + per_block - 1) / per_block);
-}
-
 static int check(const attn_problem *p, attn_dir dir, char *why)
 {
     (void)dir;
@@ -196,12 +189,12 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     const size_t n_rows = (size_t)p->B * p->H * p->N_q;
     const size_t n_out = (size_t)p->B * p->N_q * p->H * p->d;
 
-    scores_kernel<<<blocks_for(n_scores(p), THREADS), THREADS, 0, s>>>(*p, a->q, a->k, p->scale,
+    scores_kernel<<<attn_blocks_for(n_scores(p), THREADS), THREADS, 0, s>>>(*p, a->q, a->k, p->scale,
                                                                        -INFINITY, S);
     ATTN_LAUNCH_CHECK();
-    softmax_kernel<<<blocks_for(n_rows, ROWS_PER_BLOCK), THREADS, 0, s>>>(*p, S, P, a->lse);
+    softmax_kernel<<<attn_blocks_for(n_rows, ROWS_PER_BLOCK), THREADS, 0, s>>>(*p, S, P, a->lse);
     ATTN_LAUNCH_CHECK();
-    output_kernel<<<blocks_for(n_out, THREADS), THREADS, 0, s>>>(*p, P, a->v, 1.0f, a->o);
+    output_kernel<<<attn_blocks_for(n_out, THREADS), THREADS, 0, s>>>(*p, P, a->v, 1.0f, a->o);
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }
@@ -217,27 +210,27 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     const size_t n_kv = (size_t)p->B * p->N_k * p->H_kv * p->d;
 
     /* S and P again, the forward's way (the harness keeps nothing between calls; L stays). */
-    scores_kernel<<<blocks_for(n_scores(p), THREADS), THREADS, 0, s>>>(*p, a->q, a->k, p->scale,
+    scores_kernel<<<attn_blocks_for(n_scores(p), THREADS), THREADS, 0, s>>>(*p, a->q, a->k, p->scale,
                                                                        -INFINITY, S);
     ATTN_LAUNCH_CHECK();
-    softmax_kernel<<<blocks_for(n_rows, ROWS_PER_BLOCK), THREADS, 0, s>>>(*p, S, P, NULL);
+    softmax_kernel<<<attn_blocks_for(n_rows, ROWS_PER_BLOCK), THREADS, 0, s>>>(*p, S, P, NULL);
     ATTN_LAUNCH_CHECK();
 
     /* dV = P^T dO */
-    grad_kv_kernel<<<blocks_for(n_kv, THREADS), THREADS, 0, s>>>(*p, P, a->d_o, 1.0f, a->dv);
+    grad_kv_kernel<<<attn_blocks_for(n_kv, THREADS), THREADS, 0, s>>>(*p, P, a->d_o, 1.0f, a->dv);
     ATTN_LAUNCH_CHECK();
     /* dP = dO V^T, D = rowsum(dO ∘ O), dS = P ∘ (dP - D) */
-    scores_kernel<<<blocks_for(n_scores(p), THREADS), THREADS, 0, s>>>(*p, a->d_o, a->v, 1.0f,
+    scores_kernel<<<attn_blocks_for(n_scores(p), THREADS), THREADS, 0, s>>>(*p, a->d_o, a->v, 1.0f,
                                                                        0.0f, dP);
     ATTN_LAUNCH_CHECK();
-    rowdot_kernel<<<blocks_for(n_rows, THREADS), THREADS, 0, s>>>(*p, a->d_o, a->o, D);
+    rowdot_kernel<<<attn_blocks_for(n_rows, THREADS), THREADS, 0, s>>>(*p, a->d_o, a->o, D);
     ATTN_LAUNCH_CHECK();
-    grad_scores_kernel<<<blocks_for(n_scores(p), THREADS), THREADS, 0, s>>>(*p, P, D, dS);
+    grad_scores_kernel<<<attn_blocks_for(n_scores(p), THREADS), THREADS, 0, s>>>(*p, P, D, dS);
     ATTN_LAUNCH_CHECK();
     /* dQ = scale dS K, dK = scale dS^T Q */
-    output_kernel<<<blocks_for(n_q, THREADS), THREADS, 0, s>>>(*p, dS, a->k, p->scale, a->dq);
+    output_kernel<<<attn_blocks_for(n_q, THREADS), THREADS, 0, s>>>(*p, dS, a->k, p->scale, a->dq);
     ATTN_LAUNCH_CHECK();
-    grad_kv_kernel<<<blocks_for(n_kv, THREADS), THREADS, 0, s>>>(*p, dS, a->q, p->scale, a->dk);
+    grad_kv_kernel<<<attn_blocks_for(n_kv, THREADS), THREADS, 0, s>>>(*p, dS, a->q, p->scale, a->dk);
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }

@@ -594,12 +594,6 @@ static __global__ void convert_dq_kernel(attn_problem p, const float *dq_acc, vo
     attn_store(dq, idx, dq_acc[idx], p.dtype);
 }
 
-/* Blocks of `per_block` for n items (grid x takes up to 2^31 - 1 blocks). */
-static unsigned blocks_for(size_t n, int per_block)
-{
-    return (unsigned)((n + per_block - 1) / per_block);
-}
-
 static int check(const attn_problem *p, attn_dir dir, char *why)
 {
     if (p->d != 64 && p->d != 128) {
@@ -651,7 +645,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     const size_t n_rows = (size_t)p->B * p->H * p->N_q;
     const size_t n_q = (size_t)p->B * p->N_q * p->H * p->d;
 
-    rowdot_kernel<<<blocks_for(n_rows, THREADS), THREADS, 0, s>>>(*p, a->d_o, a->o, D);
+    rowdot_kernel<<<attn_blocks_for(n_rows, THREADS), THREADS, 0, s>>>(*p, a->d_o, a->o, D);
     ATTN_LAUNCH_CHECK();
 
     const size_t smem = backward_smem_bytes(p->d);
@@ -665,7 +659,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
         ATTN_LAUNCH_CHECK();
     }
 
-    convert_dq_kernel<<<blocks_for(n_q, THREADS), THREADS, 0, s>>>(*p, dq_acc, a->dq);
+    convert_dq_kernel<<<attn_blocks_for(n_q, THREADS), THREADS, 0, s>>>(*p, dq_acc, a->dq);
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }

@@ -504,7 +504,7 @@ static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_prob
 static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a) { tiled_attention(p, a, 128, 0); }
 static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a) { tiled_attention(p, a, 128, 1); }
 
-static attention_fn attention_kernel(const attn_problem *p)
+static attention_fn pick_forward(const attn_problem *p)
 {
     const int fp16 = p->dtype == ATTN_FP16;
     if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
@@ -898,7 +898,7 @@ static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_fp16(att
 static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, int j) { tiled_backward(p, a, D, dq_acc, j, 128, 64, 0); }
 static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, int j) { tiled_backward(p, a, D, dq_acc, j, 128, 64, 1); }
 
-static backward_fn backward_kernel(const attn_problem *p, int br)
+static backward_fn pick_backward(const attn_problem *p, int br)
 {
     const int fp16 = p->dtype == ATTN_FP16;
     if (p->d == 64 && br == 128) return fp16 ? backward_64_128_fp16 : backward_64_128_bf16;
@@ -933,12 +933,6 @@ static __global__ void convert_dq_kernel(attn_problem p, int br, const float *dq
     const uint4 out = {pack_x2(sc * lo.x, sc * hi.x, fp16), pack_x2(sc * lo.y, sc * hi.y, fp16),
                        pack_x2(sc * lo.z, sc * hi.z, fp16), pack_x2(sc * lo.w, sc * hi.w, fp16)};
     *(uint4 *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, d) + col) = out;
-}
-
-/* Blocks of `per_block` for n items (grid x takes up to 2^31 - 1 blocks). */
-static unsigned blocks_for(size_t n, int per_block)
-{
-    return (unsigned)((n + per_block - 1) / per_block);
 }
 
 static int check(const attn_problem *p, attn_dir dir, char *why)
@@ -977,7 +971,7 @@ static size_t workspace(const attn_problem *p, attn_dir dir)
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
     const size_t smem = smem_bytes(p->d);
-    const attention_fn kernel = attention_kernel(p);
+    const attention_fn kernel = pick_forward(p);
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(1, p->H, p->B);   /* one block per (head, batch): FA-1's grid */
@@ -996,13 +990,13 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
      * poisoned, and which line 5 sets to zero). */
     const size_t n_chunks = (size_t)p->B * p->H * p->N_q * (p->d / CHUNK);
     const size_t acc_chunks = dq_acc_bytes(p) / sizeof(float) / CHUNK;
-    rowdot_kernel<<<blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS), THREADS, 0, s>>>(
+    rowdot_kernel<<<attn_blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS), THREADS, 0, s>>>(
         *p, a->d_o, a->o, D, dq_acc, acc_chunks);
     ATTN_LAUNCH_CHECK();
 
     const int br = backward_rows(p);
     const size_t smem = backward_smem_bytes(p);
-    const backward_fn kernel = backward_kernel(p, br);
+    const backward_fn kernel = pick_backward(p, br);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     /* Line 6, the loop over K_j, V_j, on the host: one launch per K_j, each with one block per
      * (kv head, batch), FA-1's grid. In stream order, so each dQ element's sum is taken in
@@ -1014,7 +1008,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     }
 
     const size_t n_groups = dq_acc_bytes(p) / sizeof(float) / CHUNK;   /* 8 columns of a row */
-    convert_dq_kernel<<<blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, br, dq_acc, a->dq);
+    convert_dq_kernel<<<attn_blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, br, dq_acc, a->dq);
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }

@@ -367,7 +367,7 @@ static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_prob
 static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a) { tiled_attention(p, a, 128, 0); }
 static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a) { tiled_attention(p, a, 128, 1); }
 
-static attention_fn attention_kernel(const attn_problem *p)
+static attention_fn pick_forward(const attn_problem *p)
 {
     const int fp16 = p->dtype == ATTN_FP16;
     if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
@@ -677,7 +677,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
  * query head of the GQA group and every query tile Q_i that can see these keys; so dK_j,
  * dV_j come out already summed over the group and are written once. dQ_i is shared by all
  * key tiles: with dq_acc each block adds its part with atomicAdd; without (deterministic),
- * dq_kernel computes it. Warp w = (wn, wm) = (w / 2, w % 2) owns
+ * the dq_* kernels compute it. Warp w = (wn, wm) = (w / 2, w % 2) owns
  *   S_ij, dP_ij: queries br/2 wm .. +br/2-1, keys 32 wn .. +31 of the step (br/32 x 4 mma
  *                tiles),
  *   dK_j, dV_j:  keys 32 wn .. +31, columns wm d/2 .. +d/2 (2 x d/16 tiles),
@@ -768,7 +768,7 @@ static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_fp16(att
 static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 128, 64, 0); }
 static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc) { tiled_backward(p, a, D, dq_acc, 128, 64, 1); }
 
-static backward_fn backward_kernel(const attn_problem *p, int br)
+static backward_fn pick_backward(const attn_problem *p, int br)
 {
     const int fp16 = p->dtype == ATTN_FP16;
     if (p->d == 64 && br == 128) return fp16 ? backward_64_128_fp16 : backward_64_128_bf16;
@@ -899,7 +899,7 @@ static __global__ void __launch_bounds__(DQ_THREADS, 2) dq_64_fp16(attn_problem 
 static __global__ void __launch_bounds__(DQ_THREADS, 2) dq_128_bf16(attn_problem p, attn_args a, const float *D) { tiled_dq(p, a, D, 128, 0); }
 static __global__ void __launch_bounds__(DQ_THREADS, 2) dq_128_fp16(attn_problem p, attn_args a, const float *D) { tiled_dq(p, a, D, 128, 1); }
 
-static dq_fn dq_kernel(const attn_problem *p)
+static dq_fn pick_dq(const attn_problem *p)
 {
     const int fp16 = p->dtype == ATTN_FP16;
     if (p->d == 64) return fp16 ? dq_64_fp16 : dq_64_bf16;
@@ -933,12 +933,6 @@ static __global__ void convert_dq_kernel(attn_problem p, int br, const float *dq
     const uint4 out = {pack_x2(sc * lo.x, sc * hi.x, fp16), pack_x2(sc * lo.y, sc * hi.y, fp16),
                        pack_x2(sc * lo.z, sc * hi.z, fp16), pack_x2(sc * lo.w, sc * hi.w, fp16)};
     *(uint4 *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, d) + col) = out;
-}
-
-/* Blocks of `per_block` for n items (grid x takes up to 2^31 - 1 blocks). */
-static unsigned blocks_for(size_t n, int per_block)
-{
-    return (unsigned)((n + per_block - 1) / per_block);
 }
 
 static int check(const attn_problem *p, attn_dir dir, char *why)
@@ -977,7 +971,7 @@ static size_t workspace(const attn_problem *p, attn_dir dir)
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
     const size_t smem = smem_bytes(p->d);
-    const attention_fn kernel = attention_kernel(p);
+    const attention_fn kernel = pick_forward(p);
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_q, Br), p->H, p->B);
@@ -987,7 +981,7 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
 }
 
 /* D, then the K/V-outer backward (dK, dV written; dQ accumulated in fp32 with atomics, or
- * skipped), then dQ: scaled and rounded from the accumulator, or the deterministic dq_kernel. */
+ * skipped), then dQ: scaled and rounded from the accumulator, or the deterministic dq_* kernel. */
 static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
     float *D = (float *)a->ws;
@@ -996,13 +990,13 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
      * arrives poisoned and must start at zero). */
     const size_t n_chunks = (size_t)p->B * p->H * p->N_q * (p->d / CHUNK);
     const size_t acc_chunks = dq_acc_bytes(p) / sizeof(float) / CHUNK;
-    rowdot_kernel<<<blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS), THREADS, 0, s>>>(
+    rowdot_kernel<<<attn_blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS), THREADS, 0, s>>>(
         *p, a->d_o, a->o, D, dq_acc, acc_chunks);
     ATTN_LAUNCH_CHECK();
 
     const int br = backward_rows(p);
     const size_t smem = backward_smem_bytes(p);
-    const backward_fn kernel = backward_kernel(p, br);
+    const backward_fn kernel = pick_backward(p, br);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
     kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc);
@@ -1010,10 +1004,10 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
 
     if (dq_acc) {
         const size_t n_groups = dq_acc_bytes(p) / sizeof(float) / CHUNK;   /* 8 columns of a row */
-        convert_dq_kernel<<<blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, br, dq_acc, a->dq);
+        convert_dq_kernel<<<attn_blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, br, dq_acc, a->dq);
     } else {
         const size_t dq_smem = dq_smem_bytes(p->d);
-        const dq_fn dq = dq_kernel(p);
+        const dq_fn dq = pick_dq(p);
         ATTN_TRY(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem));
         const dim3 dq_grid(attn_ceil_div(p->N_q, DQ_Br), p->H, p->B);
         dq<<<dq_grid, DQ_THREADS, dq_smem, s>>>(*p, *a, D);
