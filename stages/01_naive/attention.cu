@@ -11,9 +11,10 @@
  * Why: this is the baseline every later stage removes something from.
  * Memory: S and P take 2 * B*H*N_q*N_k * 4 bytes of workspace: 32 GiB at B = 1, H = 16,
  * N = 16384, and 2 TiB at N = 131072, where the harness refuses. That is the memory wall.
- * Time: S and P are written to HBM and read back, and every score re-reads a whole row of
- * K with loads that do not coalesce (the 32 threads of a warp read 32 different rows of K),
- * so it is slow at every size. Stage 02_fused keeps S and P on chip.
+ * Time: slow at every size, and not because of HBM: each FMA of every pass waits on two
+ * loads straight from global memory (Q and K, or P and V) and some 64-bit address arithmetic,
+ * so the load path sets the pace (docs/01_naive.md reads the numbers; cuBLAS also writes S
+ * and P to HBM and is two orders of magnitude faster). Stage 02_fused keeps S and P on chip.
  *
  * Backward, materialised the same way (stage 04_backward is measured against it): S and P
  * are recomputed by kernels 1 and 2, then
