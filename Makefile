@@ -162,8 +162,10 @@ bench: all
 bytes: all
 	sh plots/bytes.sh
 
+# make plots GPU=NVIDIA-H200 draws plots/results/NVIDIA-H200*.csv; without GPU=, the one GPU
+# with CSVs there (with several, plots/plots.sh lists them and stops)
 plots: deps-plot
-	PATH=$(CURDIR)/.deps/usr/bin:$$PATH \
+	PATH=$(CURDIR)/.deps/usr/bin:$$PATH GPU='$(GPU)' \
 	LD_LIBRARY_PATH=$(DEPS_LD_PATH)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} sh plots/plots.sh
 
 # ---- the lesson of stage n: its diff against stage n-1 ---------------------------------

@@ -27,9 +27,9 @@
 # The byte models (per stage: which terms) are in plots/bytes_model.awk, the one place they
 # are written, shared with plots/plots.sh (bytes.png).
 # A shape without a row prints "-", a refused or failed one "refused" / "failed".
-# TFLOP/s and ratios have 3 significant digits. The CSVs are the ones plots/plots.sh draws
-# (RESULTS_CSV / RESULTS_LONG_CSV / RESULTS_BYTES_CSV to choose); a line under each table
-# names them. A stage renamed since a lesson was written (05_fa2, now 06_fa2) is read under
+# TFLOP/s and ratios have 3 significant digits. The CSVs are the ones plots/plots.sh draws:
+# one GPU's (make plots GPU=NVIDIA-H200 to choose it; RESULTS_CSV / RESULTS_LONG_CSV /
+# RESULTS_BYTES_CSV for other paths); a line under each table names them. A stage renamed since a lesson was written (05_fa2, now 06_fa2) is read under
 # its new name, with a note on stderr.
 set -u
 HERE=$(pwd)   # FILE arguments are relative to where the script was called from

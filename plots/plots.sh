@@ -6,12 +6,20 @@
 #   sh plots/plots.sh            draw every figure, then regenerate the README's and the
 #                                lessons' tables (plots/readme_table.sh, plots/docs_tables.sh)
 #   sh plots/plots.sh --which    print the three CSV paths it would read (sweep, long, bytes)
+#   sh plots/plots.sh --gpu      print the GPU it reads (the file name's, see GPU below)
 #   sh plots/plots.sh --date     print the date of the sweep's rows (see ROWS DATE below)
 #
+# Which GPU (never picked silently): the CSVs of one GPU are read,
+#   plots/results/<GPU>.csv (the sweep), <GPU>-long.csv and <GPU>-bytes.csv, where <GPU> is
+#   the name plots/bench.sh gives the files (nvidia-smi's name, spaces -> '-': NVIDIA-H200).
+#   make plots GPU=NVIDIA-H200   (or GPU=NVIDIA-H200 sh plots/plots.sh) chooses it. Without
+#   GPU= the default is the committed GPU: with the CSVs of exactly one GPU under
+#   plots/results/, that one; with CSVs of several GPUs there, plots.sh stops with one line
+#   that lists them, and draws nothing.
+#
 # Environment (optional):
-#   RESULTS_CSV        the sweep CSV (default: the plots/results/*.csv that is neither
-#                      *-long.csv nor *-bytes.csv, the first in name order if there are
-#                      several GPUs' files)
+#   GPU                the GPU whose CSVs are read (above); ignored when RESULTS_CSV is set
+#   RESULTS_CSV        the sweep CSV, any path (instead of plots/results/<GPU>.csv)
 #   RESULTS_LONG_CSV   the long-context CSV (default: the sweep CSV's name + -long.csv)
 #   RESULTS_BYTES_CSV  the Nsight Compute DRAM bytes (default: the sweep CSV's name + -bytes.csv)
 #   PLOTS_DIR          where the PNGs go (default: plots)
@@ -49,22 +57,42 @@
 # that commit, and "date unknown (not committed)" outside git or before the first commit.
 set -u
 cd "$(dirname "$0")/.." || exit 2
+# The GPU whose CSVs are read (see "Which GPU" above): empty is the default, the one GPU
+# with CSVs under plots/results/.
+GPU=${GPU:-}
 PLOTS_DIR=${PLOTS_DIR:-plots}
 # The ladder's tensor-core stages: compared with cuBLAS on the same hardware (speedup.png's
 # dashed lines, io_same_hardware.png).
 TC_STAGES="05_tensor_cores 06_fa2"
 
+# gpus_here: the GPUs that have CSVs under plots/results/, one a line, in name order
+gpus_here() {
+    for f in plots/results/*.csv; do
+        [ -f "$f" ] || continue
+        f=${f##*/}; f=${f%.csv}; f=${f%-long}; f=${f%-bytes}
+        echo "$f"
+    done | sort -u
+}
 MAIN=${RESULTS_CSV:-}
 if [ -z "$MAIN" ]; then
-    for f in plots/results/*.csv; do
-        case $f in *-long.csv|*-bytes.csv) continue ;; esac
-        [ -f "$f" ] || continue
-        if [ -z "$MAIN" ]; then MAIN=$f
-        else echo "plots: also found $f (RESULTS_CSV=$f to use it)" >&2; fi
-    done
-fi
-if [ -z "$MAIN" ] || [ ! -s "$MAIN" ]; then
-    echo "plots: no results CSV (${MAIN:-plots/results/*.csv}): run 'make bench' on the GPU machine and commit plots/results/, or set RESULTS_CSV" >&2
+    here=$(gpus_here)
+    if [ -z "$GPU" ]; then
+        case $(printf '%s\n' "$here" | grep -c .) in
+            0) echo "plots: no CSVs under plots/results/: run 'make bench' on the GPU machine and commit plots/results/, or set RESULTS_CSV" >&2
+               exit 2 ;;
+            1) GPU=$here ;;
+            *) echo "plots: CSVs of several GPUs under plots/results/ ($(echo $here | sed 's/ /, /g')): choose one, make plots GPU=<one of them>" >&2
+               exit 2 ;;
+        esac
+    fi
+    MAIN=plots/results/$GPU.csv
+    if [ ! -s "$MAIN" ]; then
+        echo "plots: no sweep CSV $MAIN for GPU=$GPU (CSVs under plots/results/ for: $(echo ${here:-none} | sed 's/ /, /g'))" >&2
+        exit 2
+    fi
+    export GPU   # the table scripts ask plots.sh --which again: the same GPU
+elif [ ! -s "$MAIN" ]; then
+    echo "plots: RESULTS_CSV=$MAIN: no such file, or empty" >&2
     exit 2
 fi
 LONG=${RESULTS_LONG_CSV:-${MAIN%.csv}-long.csv}
@@ -78,6 +106,7 @@ rows_date() {
 }
 case ${1:-} in
     --which) printf '%s\n%s\n%s\n' "$MAIN" "$LONG" "$BYTES"; exit 0 ;;
+    --gpu) if [ -n "$GPU" ]; then echo "$GPU"; else awk -F, 'NR == 2 { print $1; exit }' "$MAIN"; fi; exit 0 ;;
     --date) rows_date "$MAIN"; exit 0 ;;
 esac
 if [ ! -s "$LONG" ]; then
@@ -99,11 +128,11 @@ fi
 DAT=$(mktemp -d "${TMPDIR:-/tmp}/plots.XXXXXX") || exit 2
 trap 'rm -rf "$DAT"' EXIT
 mkdir -p "$PLOTS_DIR" || exit 2
-GPU=$(awk -F, 'NR == 2 { print $1; exit }' "$MAIN")
+GPU_NAME=$(awk -F, 'NR == 2 { print $1; exit }' "$MAIN")   # the name its rows give
 DATE=$(rows_date "$MAIN")
 MODELS=$(cat plots/bytes_model.awk) || exit 2
 TAB=$(printf '\t')
-echo "plots: $MAIN${LONG:+, $LONG}${BYTES:+, $BYTES} ($GPU, rows of $DATE), $term terminal"
+echo "plots: $MAIN${LONG:+, $LONG}${BYTES:+, $BYTES} ($GPU_NAME, rows of $DATE), $term terminal"
 
 # Every stage gets one linetype (colour, dash, point), the same in every figure: numbered
 # stages in order, then cuBLAS, then the PyTorch anchors. DAT/lts: "stage linetype point".
@@ -382,7 +411,7 @@ stage_lines() {
     done
 }
 
-shape="bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d), $GPU"
+shape="bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d), $GPU_NAME"
 ceiling_title="GEMM ceiling ($(printf '%.0f' "$ceiling") TFLOP/s)"
 for dir in forward backward; do
     for d in 64 128; do
@@ -435,7 +464,7 @@ for dir in forward backward; do
     hline "$p" "$ceiling" "$ceiling_title"
     p=$((p + 1))
 done
-draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM) vs FA-1 (05_tensor_cores) and FA-2 (06_fa2)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half); $GPU, rows of $DATE"
+draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM) vs FA-1 (05_tensor_cores) and FA-2 (06_fa2)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half); $GPU_NAME, rows of $DATE"
 
 # bytes.png: measured DRAM bytes against the models
 if [ -n "$BYTES" ]; then
@@ -459,7 +488,7 @@ if [ -n "$BYTES" ]; then
         key 902 "NaN with lines dt 3 lw 2 lc rgb '#666666' title \"Q, K, V, O once\""
     fi
     hline 1 1 "measured = model"
-    draw "$PLOTS_DIR/bytes.png" "HBM (DRAM) bytes of one forward call: Nsight Compute's counts vs the byte models; $bshape, $GPU"
+    draw "$PLOTS_DIR/bytes.png" "HBM (DRAM) bytes of one forward call: Nsight Compute's counts vs the byte models; $bshape, $GPU_NAME"
 fi
 
 begin
@@ -470,7 +499,7 @@ if [ -n "$LONG" ]; then
     stage_lines 1 ws_long
     for s in $ORDER; do marks 1 "$DAT/ws_long_x__$s.dat" "$(lt_of "$s")" 2 2.5 1 || :; done
 fi
-draw "$PLOTS_DIR/workspace.png" "forward workspace (L + scratch) at head dim 128, $GPU"
+draw "$PLOTS_DIR/workspace.png" "forward workspace (L + scratch) at head dim 128, $GPU_NAME"
 
 if [ -n "$LONG" ]; then
     begin
@@ -491,7 +520,7 @@ if [ -n "$LONG" ]; then
     sort -u "$DAT/skipnotes" | while read -r t; do
         key 981 "NaN with points lc rgb '#000000' pt 6 ps 2 lw 2 title \"$t\""
     done
-    draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16, $GPU; where a stage stopped (on the N^2 continuation of its line):\nx refused or failed, o not run: the bench's prediction of the call passed its time cap"
+    draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16, $GPU_NAME; where a stage stopped (on the N^2 continuation of its line):\nx refused or failed, o not run: the bench's prediction of the call passed its time cap"
 fi
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/readme_table.sh --update README.md || status=1
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/docs_tables.sh --update docs/*.md || status=1

@@ -21,7 +21,8 @@
 # tensor cores) and FA-2 over FA-1 (time of HEADLINE_FA1 over time of HEADLINE_FA2, 06_fa2),
 # forward, backward and forward + backward (the ratio of the summed times); the papers' own
 # figures, cited, in a caption line; the date of the rows as plots/plots.sh --date gives it.
-# The CSVs are the ones plots/plots.sh draws (RESULTS_CSV / RESULTS_LONG_CSV to choose).
+# The CSVs are the ones plots/plots.sh draws: one GPU's (make plots GPU=NVIDIA-H200 to choose
+# it; RESULTS_CSV / RESULTS_LONG_CSV for other paths).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 TABLE_D=${TABLE_D:-128}
