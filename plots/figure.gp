@@ -6,7 +6,9 @@
 #   term        pngcairo or png (whichever this gnuplot has)
 #   dat         the scratch folder, which holds:
 #     styles.gp   the `set linetype` of every stage (the same look in every figure)
-#     vars.gp     out (the PNG), heading (the figure's title; "\n" breaks it), panels (1 or 2),
+#     vars.gp     out (the PNG), heading (the figure's title, any number of lines: "\n"
+#                 breaks it; plots/plots.sh ends it with the line naming its CSVs and their
+#                 date), panels (1 or 2),
 #                 and per panel p = 0, 1:
 #                   ptitle<p>   panel title
 #                   ylabel<p>   y axis label
@@ -34,7 +36,11 @@ xlab(n) = n < 1024 ? sprintf('%d', n) : sprintf('%dk', n / 1024)
 
 KW = (panels == 2) ? 0.19 : 0.26     # width of the key, as a fraction of the figure
 PW = (1 - KW) / panels
-PH = (strstrt(heading, "\n") > 0) ? 0.91 : 0.94   # leaves room for the heading
+# the heading's lines ("\n" breaks them) and the room they leave the panels
+hlines = 1
+hrest = heading
+while (strstrt(hrest, "\n") > 0) { hlines = hlines + 1; hrest = hrest[strstrt(hrest, "\n") + 1 :] }
+PH = 0.97 - 0.03 * hlines
 set multiplot title heading font ',13'
 do for [p = 0 : panels - 1] {
     set size PW, PH

@@ -7,7 +7,11 @@
 #                                lessons' tables (plots/readme_table.sh, plots/docs_tables.sh)
 #   sh plots/plots.sh --which    print the three CSV paths it would read (sweep, long, bytes)
 #   sh plots/plots.sh --gpu      print the GPU it reads (the file name's, see GPU below)
-#   sh plots/plots.sh --date     print the date of the sweep's rows (see ROWS DATE below)
+#   sh plots/plots.sh --date [CSV]   print the date of a CSV's rows (default: the sweep's;
+#                                see ROWS DATE below)
+#   sh plots/plots.sh --sources [--md] CSV...   print the line that names where a figure's or
+#                                a table's numbers come from (see SOURCES below); --md: the
+#                                paths and `make bench` in backticks, for Markdown
 #
 # Which GPU (never picked silently): the CSVs of one GPU are read,
 #   plots/results/<GPU>.csv (the sweep), <GPU>-long.csv and <GPU>-bytes.csv, where <GPU> is
@@ -41,7 +45,7 @@
 #   io_same_hardware.png  the IO lesson on equal hardware: cuBLAS (standard attention on the
 #       tensor cores, S and P in HBM) against 05_tensor_cores (FA-1) and 06_fa2 (FA-2),
 #       TFLOP/s vs N, d = 128, forward and backward; solid non-causal, dashed causal; dotted:
-#       the GEMM ceiling; the heading names the GPU and the date of the rows
+#       the GEMM ceiling
 #   bytes.png          DRAM bytes of one forward call vs N (d = 128, H = 16, B = 16384/N):
 #       Nsight Compute's counts, read + written (points), against each stage's byte model
 #       (lines; plots/bytes_model.awk) and Q, K, V, O once (dotted); right: measured / model
@@ -51,10 +55,23 @@
 #       on the quadratic continuation of its line: a cross if it was refused or failed
 #       (labelled with the reason), a circle if the bench skipped it because the call would
 #       pass its time cap (labelled "stopped: > 10 s a call")
+# Every heading ends with the SOURCES line of the CSVs the figure reads.
 #
-# ROWS DATE: the CSVs have no date column; the date of the rows is that of the last commit
-# of the sweep CSV (git log -1 --format=%cs), "+ uncommitted rows" when the file differs from
-# that commit, and "date unknown (not committed)" outside git or before the first commit.
+# ROWS DATE: the CSVs have no date column. The date of a CSV's rows is the date of the last
+# commit that wrote the file (git log -1 --format=%cs -- CSV). Fallback, when the file is not
+# committed as it is (outside a git work tree, untracked, or changed since its last commit):
+# the file's modification time, "YYYY-MM-DD (file time; not from a git commit)", or "date
+# unknown" where `date -r` cannot read it.
+#
+# SOURCES: a make bench run writes whole files (plots/bench.sh: the sweep and the long CSV;
+# plots/bytes.sh: the bytes CSV), committed together. So a committed CSV is taken to be one
+# run, the commit that last wrote it names that run, and files last written by the same commit
+# are one run. The line (--sources) reads, for files of one run:
+#   "NVIDIA-H200, rows of 2026-11-30, one make bench run: plots/results/NVIDIA-H200.csv"
+# and for files of different commits (or not committed) it names each file with its GPU,
+# date and commit: "rows of several make bench runs: A (GPU, rows of D, commit C); B (...)".
+# A partial re-run merged into an existing file (plots/bench.sh with MERGE=1) mixes runs
+# inside one file, which the CSV cannot show: commit such a merge with a message that says so.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 # The GPU whose CSVs are read (see "Which GPU" above): empty is the default, the one GPU
@@ -98,16 +115,50 @@ fi
 LONG=${RESULTS_LONG_CSV:-${MAIN%.csv}-long.csv}
 BYTES=${RESULTS_BYTES_CSV:-${MAIN%.csv}-bytes.csv}
 
+# commit_of CSV: the commit that last wrote CSV (10 hex digits), empty when CSV is not
+# committed as it is (outside git, untracked, or changed since)
+commit_of() {
+    git diff --quiet HEAD -- "$1" 2>/dev/null || return 0
+    git log -1 --format=%H -- "$1" 2>/dev/null | cut -c1-10
+}
+# rows_date CSV: the date of CSV's rows (see ROWS DATE)
 rows_date() {
-    rd=$(git log -1 --format=%cs -- "$1" 2>/dev/null)
-    if [ -z "$rd" ]; then echo "date unknown (not committed)"
-    elif ! git diff --quiet HEAD -- "$1" 2>/dev/null; then echo "$rd + uncommitted rows"
-    else echo "$rd"; fi
+    if [ -n "$(commit_of "$1")" ]; then
+        git log -1 --format=%cs -- "$1"
+        return
+    fi
+    fd=$(date -r "$1" +%Y-%m-%d 2>/dev/null)
+    if [ -n "$fd" ]; then echo "$fd (file time; not from a git commit)"
+    else echo "date unknown"; fi
+}
+# gpu_of CSV: the GPU its rows name (the gpu column of the first row)
+gpu_of() { awk -F, 'NR == 2 { print $1; exit }' "$1"; }
+# sources [--md] CSV...: where the numbers of a figure or table come from (see SOURCES)
+sources() {
+    q= mb="make bench"
+    if [ "${1:-}" = --md ]; then q='`' mb='`make bench`'; shift; fi
+    one=1 first= files= each= n=0
+    for f in "$@"; do
+        c=$(commit_of "$f") g=$(gpu_of "$f") d=$(rows_date "$f")
+        n=$((n + 1))
+        if [ -z "$first" ]; then first="$c|$g|$d"
+        elif [ "$first" != "$c|$g|$d" ]; then one=0; fi
+        [ -n "$c" ] || [ "$n" -eq 1 ] || one=0   # files not committed: their runs are unknown
+        files="$files${files:+ and }$q$f$q"
+        each="$each${each:+; }$q$f$q ($g, rows of $d${c:+, commit $c})"
+    done
+    if [ "$one" = 1 ]; then
+        all=; [ -z "$q" ] || all="all from "
+        echo "$g, rows of $d, ${all}one $mb run: $files"
+    else
+        echo "rows of several $mb runs: $each"
+    fi
 }
 case ${1:-} in
     --which) printf '%s\n%s\n%s\n' "$MAIN" "$LONG" "$BYTES"; exit 0 ;;
-    --gpu) if [ -n "$GPU" ]; then echo "$GPU"; else awk -F, 'NR == 2 { print $1; exit }' "$MAIN"; fi; exit 0 ;;
-    --date) rows_date "$MAIN"; exit 0 ;;
+    --gpu) if [ -n "$GPU" ]; then echo "$GPU"; else gpu_of "$MAIN"; fi; exit 0 ;;
+    --date) rows_date "${2:-$MAIN}"; exit 0 ;;
+    --sources) shift; sources "$@"; exit 0 ;;
 esac
 if [ ! -s "$LONG" ]; then
     echo "plots: no $LONG: long_context.png skipped, workspace.png without its long-context panel"
@@ -128,8 +179,14 @@ fi
 DAT=$(mktemp -d "${TMPDIR:-/tmp}/plots.XXXXXX") || exit 2
 trap 'rm -rf "$DAT"' EXIT
 mkdir -p "$PLOTS_DIR" || exit 2
-GPU_NAME=$(awk -F, 'NR == 2 { print $1; exit }' "$MAIN")   # the name its rows give
+GPU_NAME=$(gpu_of "$MAIN")
 DATE=$(rows_date "$MAIN")
+# the SOURCES line closing each figure's heading: the sweep; the sweep and the long-context
+# runs (workspace.png); the long-context runs; the bytes
+SRC_MAIN=$(sources "$MAIN")
+SRC_WS=$(sources "$MAIN" ${LONG:+"$LONG"})
+[ -z "$LONG" ] || SRC_LONG=$(sources "$LONG")
+[ -z "$BYTES" ] || SRC_BYTES=$(sources "$BYTES")
 MODELS=$(cat plots/bytes_model.awk) || exit 2
 TAB=$(printf '\t')
 echo "plots: $MAIN${LONG:+, $LONG}${BYTES:+, $BYTES} ($GPU_NAME, rows of $DATE), $term terminal"
@@ -411,7 +468,7 @@ stage_lines() {
     done
 }
 
-shape="bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d), $GPU_NAME"
+shape="bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d)"
 ceiling_title="GEMM ceiling ($(printf '%.0f' "$ceiling") TFLOP/s)"
 for dir in forward backward; do
     for d in 64 128; do
@@ -422,7 +479,7 @@ for dir in forward backward; do
         panel 1 "causal (TFLOP/s of the visible half)" "TFLOP/s" "%g" 0
         stage_lines 1 "tf_${dir}_d${d}_c1"
         hline 1 "$ceiling" "$ceiling_title"
-        draw "$PLOTS_DIR/tflops_${dir}_d$d.png" "$dir, head dim $d: $shape"
+        draw "$PLOTS_DIR/tflops_${dir}_d$d.png" "$dir, head dim $d: $shape\n$SRC_MAIN"
     done
 done
 
@@ -446,7 +503,7 @@ for dir in forward backward; do
     [ -z "$same_note" ] || note "$p" "not drawn, within 1% of 1 at every N: $same_note"
     p=$((p + 1))
 done
-draw "$PLOTS_DIR/speedup.png" "each step of the ladder: time of the stage before / time of the stage (dashed: of cuBLAS / of the stage)\nhead dim 128, non-causal, $shape"
+draw "$PLOTS_DIR/speedup.png" "each step of the ladder: time of the stage before / time of the stage (dashed: of cuBLAS / of the stage)\nhead dim 128, non-causal, $shape\n$SRC_MAIN"
 
 # io_same_hardware.png: standard attention on the tensor cores against FA-1 and FA-2
 begin
@@ -464,7 +521,7 @@ for dir in forward backward; do
     hline "$p" "$ceiling" "$ceiling_title"
     p=$((p + 1))
 done
-draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM) vs FA-1 (05_tensor_cores) and FA-2 (06_fa2)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half); $GPU_NAME, rows of $DATE"
+draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM) vs FA-1 (05_tensor_cores) and FA-2 (06_fa2)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half)\n$SRC_MAIN"
 
 # bytes.png: measured DRAM bytes against the models
 if [ -n "$BYTES" ]; then
@@ -488,7 +545,7 @@ if [ -n "$BYTES" ]; then
         key 902 "NaN with lines dt 3 lw 2 lc rgb '#666666' title \"Q, K, V, O once\""
     fi
     hline 1 1 "measured = model"
-    draw "$PLOTS_DIR/bytes.png" "HBM (DRAM) bytes of one forward call: Nsight Compute's counts vs the byte models; $bshape, $GPU_NAME"
+    draw "$PLOTS_DIR/bytes.png" "HBM (DRAM) bytes of one forward call: Nsight Compute's counts vs the byte models; $bshape\n$SRC_BYTES"
 fi
 
 begin
@@ -499,7 +556,7 @@ if [ -n "$LONG" ]; then
     stage_lines 1 ws_long
     for s in $ORDER; do marks 1 "$DAT/ws_long_x__$s.dat" "$(lt_of "$s")" 2 2.5 1 || :; done
 fi
-draw "$PLOTS_DIR/workspace.png" "forward workspace (L + scratch) at head dim 128, $GPU_NAME"
+draw "$PLOTS_DIR/workspace.png" "forward workspace (L + scratch) at head dim 128, bf16\n$SRC_WS"
 
 if [ -n "$LONG" ]; then
     begin
@@ -520,7 +577,7 @@ if [ -n "$LONG" ]; then
     sort -u "$DAT/skipnotes" | while read -r t; do
         key 981 "NaN with points lc rgb '#000000' pt 6 ps 2 lw 2 title \"$t\""
     done
-    draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16, $GPU_NAME; where a stage stopped (on the N^2 continuation of its line):\nx refused or failed, o not run: the bench's prediction of the call passed its time cap"
+    draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16; where a stage stopped (on the N^2 continuation of its line):\nx refused or failed, o not run: the bench's prediction of the call passed its time cap\n$SRC_LONG"
 fi
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/readme_table.sh --update README.md || status=1
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/docs_tables.sh --update docs/*.md || status=1
