@@ -35,7 +35,8 @@
 # in every figure; a line equal to one drawn before it in a panel, within 1% at every N, is
 # drawn over it dashed, with smaller points, and its key entry says "(= the other stage)"):
 #   tflops_{forward,backward}_d{64,128}.png  TFLOP/s vs N, one line per stage, cuBLAS and the
-#       two PyTorch anchors (dashed); left non-causal, right causal; dotted: the GEMM ceiling
+#       two PyTorch anchors (dashed); left non-causal, right causal; dotted: the GEMM ceiling,
+#       labelled with its source (see CEILINGS)
 #   speedup.png        each step of the ladder, time of the stage before / time of the stage,
 #       in the colour of the stage the step introduces (forward and backward, d = 128,
 #       non-causal; "the stage before" is the last one with rows in that direction, so the
@@ -45,7 +46,7 @@
 #   io_same_hardware.png  the IO lesson on equal hardware: cuBLAS (standard attention on the
 #       tensor cores, S and P in HBM) against 05_tensor_cores (FA-1) and 06_fa2 (FA-2),
 #       TFLOP/s vs N, d = 128, forward and backward; solid non-causal, dashed causal; dotted:
-#       the GEMM ceiling
+#       the GEMM ceiling, labelled with its source
 #   bytes.png          DRAM bytes of one forward call vs N (d = 128, H = 16, B = 16384/N):
 #       Nsight Compute's counts, read + written (points), against each stage's byte model
 #       (lines; plots/bytes_model.awk) and Q, K, V, O once (dotted); right: measured / model
@@ -72,6 +73,12 @@
 # date and commit: "rows of several make bench runs: A (GPU, rows of D, commit C); B (...)".
 # A partial re-run merged into an existing file (plots/bench.sh with MERGE=1) mixes runs
 # inside one file, which the CSV cannot show: commit such a merge with a message that says so.
+#
+# CEILINGS: the row of the sweep CSV that is not a stage (plots/anchors.py --gemm writes it in
+# the same bench run):
+#   ceiling_gemm   a bf16 GEMM (N_q = its size, 8192^3) through torch.matmul: its tflops is
+#                  the dotted line of the TFLOP/s figures, labelled "bf16 GEMM 8192^3,
+#                  torch.matmul, same run", and the README table's "% of GEMM ceiling"
 set -u
 cd "$(dirname "$0")/.." || exit 2
 # The GPU whose CSVs are read (see "Which GPU" above): empty is the default, the one GPU
@@ -236,7 +243,8 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
             print "title", kind "_" dir, s, s " / " p
         }
         FNR == 1 { next }
-        $2 == "ceiling_gemm" { if ($15 == "ok") ceiling = $13; next }
+        # the GEMM ceiling (CEILINGS above): "TFLOP/s size dtype"
+        $2 == "ceiling_gemm" { if ($15 == "ok" && $13 > 0) ceiling = $13 " " $8 " " $4; next }
         $15 != "ok" { next }
         {
             put("tf_" $3 "_d" $10 "_c" $11, $2, $8, $13)
@@ -343,11 +351,13 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
     $1 == "title" { t = $0; sub(/^title /, "", t); print t > (dat "/titles"); next }
     $1 == "same" { print $2, $3, $4 > (dat "/same"); next }
     $1 == "skipnote" { t = $0; sub(/^skipnote /, "", t); if (t != "") print t > (dat "/skipnotes"); next }
-    $1 == "ceiling" { print $2 > (dat "/ceiling"); next }
+    $1 == "ceiling" { print $2, $3, $4 > (dat "/ceiling"); next }
     $1 != cur { if (cur != "") close(path); cur = $1; path = dat "/" cur ".dat" }
     { $1 = ""; sub(/^ /, ""); print > path }'
 : >> "$DAT/titles"; : >> "$DAT/same"; : >> "$DAT/skipnotes"
-ceiling=$(cat "$DAT/ceiling" 2>/dev/null || echo 0)
+# the GEMM ceiling: TFLOP/s (0: none), its GEMM's size and dtype
+ceiling=0 ceil_n= ceil_t=
+[ ! -s "$DAT/ceiling" ] || read -r ceiling ceil_n ceil_t < "$DAT/ceiling"
 
 # ---- building a figure: panels of series, a key, then plots/figure.gp draws it ----------
 # panel P TITLE YLABEL YFORMAT YFACTOR: starts panel P (0 or 1); figure.gp explains the
@@ -406,11 +416,14 @@ marks() {
     echo "'$2' using 1:2 with points lt $3 pt $4 ps $5 lw 2 notitle" >> "$DAT/p$1.items"
     [ "$6" = 0 ] || echo "'$2' using 1:2:3 with labels right offset -1.2, 0.9 tc lt $3 notitle" >> "$DAT/p$1.items"
 }
-# hline P VALUE TITLE: a dotted horizontal reference line (nothing when VALUE is 0)
+# hline P VALUE TITLE [LABEL]: a dotted horizontal reference line (nothing when VALUE is 0),
+# with LABEL written just above it at the left of the panel
 hline() {
     awk -v v="$2" 'BEGIN { exit !(v > 0) }' || return 0
     echo "$2 with lines dt 3 lw 1.5 lc rgb '#666666' notitle" >> "$DAT/p$1.items"
     key 990 "NaN with lines dt 3 lw 1.5 lc rgb '#666666' title \"$3\""
+    [ -z "${4:-}" ] ||
+        echo "set label 4 \"$4\" at graph 0.02, first $2 offset 0, 0.6 left font ',9' tc rgb '#444444'" >> "$DAT/p$1.pre"
 }
 # note P TEXT: a line of text at the bottom left of panel P
 note() { echo "set label 3 \"$2\" at graph 0.02, graph 0.03 left font ',9' tc rgb '#444444'" >> "$DAT/p$1.pre"; }
@@ -469,16 +482,19 @@ stage_lines() {
 }
 
 shape="bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d)"
+# The GEMM ceiling's key entry and its label on the line: its source (CEILINGS above)
+cube=³; [ "$term" = pngcairo ] || cube=^3   # libgd's png terminal: no UTF-8
 ceiling_title="GEMM ceiling ($(printf '%.0f' "$ceiling") TFLOP/s)"
+ceiling_label="$ceil_t GEMM $ceil_n$cube, torch.matmul, same run"
 for dir in forward backward; do
     for d in 64 128; do
         begin
         panel 0 "non-causal" "TFLOP/s" "%g" 0
         stage_lines 0 "tf_${dir}_d${d}_c0"
-        hline 0 "$ceiling" "$ceiling_title"
+        hline 0 "$ceiling" "$ceiling_title" "$ceiling_label"
         panel 1 "causal (TFLOP/s of the visible half)" "TFLOP/s" "%g" 0
         stage_lines 1 "tf_${dir}_d${d}_c1"
-        hline 1 "$ceiling" "$ceiling_title"
+        hline 1 "$ceiling" "$ceiling_title" "$ceiling_label"
         draw "$PLOTS_DIR/tflops_${dir}_d$d.png" "$dir, head dim $d: $shape\n$SRC_MAIN"
     done
 done
@@ -518,7 +534,7 @@ for dir in forward backward; do
         series "$p" "$DAT/tf_${dir}_d128_c1__$s.dat" "$i" "$s causal" "$((k + 1))" \
             "linespoints lt $i dt (20,12) pt $(($(pt_of "$s") - 1))"
     done
-    hline "$p" "$ceiling" "$ceiling_title"
+    hline "$p" "$ceiling" "$ceiling_title" "$ceiling_label"
     p=$((p + 1))
 done
 draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM) vs FA-1 (05_tensor_cores) and FA-2 (06_fa2)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half)\n$SRC_MAIN"
