@@ -4,7 +4,11 @@
 Times PyTorch's fused attention, torch.nn.functional.scaled_dot_product_attention with
 the FLASH backend (FlashAttention-2) and with the cuDNN backend, on exactly the shapes of
 plots/bench.sh, and appends rows in the bench's CSV format (stage torch_flash, torch_cudnn).
-Optionally one ceiling row: a bf16 8192^3 GEMM through torch.matmul (stage ceiling_gemm).
+Optionally (--gemm, sweep shapes only) two ceiling rows, measured in the same run:
+  ceiling_gemm  a bf16 8192^3 GEMM through torch.matmul; tflops = 2 * 8192^3 / time.
+  ceiling_copy  a device-to-device copy of COPY_BYTES (4 GiB; less where the GPU has less
+                than 4 x that free) from one bf16 tensor into another, through
+                torch.Tensor.copy_; tflops is empty.
 
     python3 plots/anchors.py --csv plots/results/NVIDIA-H200.csv            # the sweep
     python3 plots/anchors.py --csv X-long.csv --shapes long                 # B=1 H=16 d=128
@@ -12,7 +16,19 @@ Optionally one ceiling row: a bf16 8192^3 GEMM through torch.matmul (stage ceili
 
 Timing follows the harness: CUDA events around each run, warm-up first, L2 flushed before
 every run (a 2 x L2 buffer zeroed outside the events), median of as many runs as fit in
---budget-s (at least --min-reps, at most --reps).
+--budget-s (at least --min-reps, at most --reps). Both ceilings are timed the same way.
+
+The ceiling rows in the 16 columns (d = 0 marks a ceiling: plots/bench.sh's summary skips
+such rows, and the plotting scripts read the stage names ceiling_*):
+  ceiling_gemm  gpu,ceiling_gemm,forward,bf16,1,1,1,8192,8192,0,0,MS,TFLOPS,0,ok,NOTE
+  ceiling_copy  gpu,ceiling_copy,forward,bf16,1,1,1,0,0,0,0,MS,,0,ok,NOTE with NOTE
+                "device-to-device copy; GB/s = (bytes read + written) / time: X;
+                bytes read + written = B; torch.Tensor.copy_ of 4 GiB bf16; torch V"
+                (one line; ";" where a CSV note cannot have ","). B is twice the bytes
+                copied (each byte is read once and written once), MS the median time in
+                milliseconds; GB/s = B / (MS * 1e6), and X is that figure rounded to 0.1:
+                plots/docs_tables.sh recomputes it from B and MS. A copy that fails
+                (out of memory, say) writes status refused or failed and no B.
 Backward: one forward builds the graph, then torch.autograd.grad(O, (Q, K, V), dO,
 retain_graph=True) is what is timed, so each timed run is exactly one backward pass.
 Normally called by plots/bench.sh; needs a CUDA build of torch.
@@ -29,6 +45,7 @@ TOKENS = 16384       # the bench protocol: B * N = 16384 tokens ...
 HIDDEN = 2048        # ... and H * d = 2048 (H_kv = H)
 LONG_B, LONG_H, LONG_D = 1, 16, 128   # the long-context wall, as in plots/bench.sh
 GEMM_N = 8192        # the ceiling row: an 8192^3 GEMM
+COPY_BYTES = 4 << 30 # the copy ceiling: bytes copied (so 2 x this read + written)
 WARMUP_MAX_S = 1.0   # slow shapes (N = 131072) warm up with fewer runs
 BACKWARD_FLOP_FACTOR = 2.5
 BACKENDS = {"flash": ("torch_flash", "FLASH_ATTENTION"),
@@ -97,7 +114,9 @@ def parse_args(argv):
     p.add_argument("--causal", type=ints, default=[0, 1], help="0 1 (sweep only)")
     p.add_argument("--dirs", type=words, default=["forward", "backward"])
     p.add_argument("--backends", type=words, default=["flash", "cudnn"])
-    p.add_argument("--gemm", action="store_true", help="also the GEMM ceiling row")
+    p.add_argument("--gemm", action="store_true",
+                   help="also the ceiling rows: the GEMM (ceiling_gemm) and a device copy "
+                        "(ceiling_copy)")
     p.add_argument("--reps", type=int, default=50, help="timed runs at most")
     p.add_argument("--min-reps", type=int, default=3, help="timed runs at least")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs at most (1 s at most)")
@@ -115,6 +134,41 @@ def parse_args(argv):
         if direction not in ("forward", "backward"):
             p.error("unknown direction %r" % direction)
     return args
+
+
+def copy_ceiling(out, gpu, time_ms):
+    """The ceiling_copy row: a device-to-device copy, src into dst, both bf16, COPY_BYTES each
+    (halved until 4 x the bytes fit in free memory), timed by time_ms; see the docstring."""
+    import torch
+    version = "torch %s" % torch.__version__
+    fields = (gpu, "ceiling_copy", "forward", 1, 1, 0, 0, 0)
+    nbytes = COPY_BYTES
+    try:
+        free, _ = torch.cuda.mem_get_info()
+        while nbytes > (64 << 20) and 4 * nbytes > free:
+            nbytes //= 2
+        src = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        ms = time_ms(lambda: dst.copy_(src))
+    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
+        status = "refused" if isinstance(e, torch.cuda.OutOfMemoryError) else "failed"
+        out.write(row(*fields, ws=0, status=status,
+                      note="device-to-device copy of %d MiB: %s (%s)"
+                      % (nbytes >> 20, str(e).splitlines()[0] if str(e) else status, version)))
+        print("[copy] %s" % status, flush=True)
+        return
+    finally:
+        src = dst = None
+        torch.cuda.empty_cache()
+    moved = 2 * nbytes                       # each byte read once and written once
+    gbs = moved / (ms * 1e-3) / 1e9
+    size = "%d GiB" % (nbytes >> 30) if nbytes >= 1 << 30 else "%d MiB" % (nbytes >> 20)
+    out.write(row(*fields, ms=ms, ws=0, status="ok",
+                  note="device-to-device copy, GB/s = (bytes read + written) / time: %.1f; "
+                       "bytes read + written = %d; torch.Tensor.copy_ of %s bf16; %s"
+                  % (gbs, moved, size, version)))
+    print("[copy] %s bf16 device to device ... %.3f ms  %.1f GB/s (read + written)"
+          % (size, ms, gbs), flush=True)
 
 
 def main(argv):
@@ -185,6 +239,7 @@ def main(argv):
                       % (GEMM_N, torch.__version__)))
         print("[gemm] %d^3 bf16 ... %.3f ms  %.1f TFLOP/s" % (GEMM_N, ms, tflops), flush=True)
         del a, b
+        copy_ceiling(out, gpu, time_ms)
 
     points = [(be, direction, shape) for be in args.backends for direction in args.dirs
               for shape in shapes(args)]

@@ -74,11 +74,16 @@
 # A partial re-run merged into an existing file (plots/bench.sh with MERGE=1) mixes runs
 # inside one file, which the CSV cannot show: commit such a merge with a message that says so.
 #
-# CEILINGS: the row of the sweep CSV that is not a stage (plots/anchors.py --gemm writes it in
-# the same bench run):
+# CEILINGS: rows of the sweep CSV that are not stages (plots/anchors.py --gemm writes them in
+# the same bench run; no figure or table takes them for a stage):
 #   ceiling_gemm   a bf16 GEMM (N_q = its size, 8192^3) through torch.matmul: its tflops is
 #                  the dotted line of the TFLOP/s figures, labelled "bf16 GEMM 8192^3,
 #                  torch.matmul, same run", and the README table's "% of GEMM ceiling"
+#   ceiling_copy   a device-to-device copy through torch: GB/s = B / median_ms, with B, the
+#                  bytes read + written, in its note ("bytes read + written = B"); no figure
+#                  draws it (none has a bandwidth axis); the lessons' io tables quote it when
+#                  the row is there (plots/docs_tables.sh), and say nothing of it when it is
+#                  not (the 2026-11-30 H200 CSV has none)
 set -u
 cd "$(dirname "$0")/.." || exit 2
 # The GPU whose CSVs are read (see "Which GPU" above): empty is the default, the one GPU
@@ -200,7 +205,7 @@ echo "plots: $MAIN${LONG:+, $LONG}${BYTES:+, $BYTES} ($GPU_NAME, rows of $DATE),
 
 # Every stage gets one linetype (colour, dash, point), the same in every figure: numbered
 # stages in order, then cuBLAS, then the PyTorch anchors. DAT/lts: "stage linetype point".
-ORDER=$(awk -F, 'FNR > 1 && $2 != "ceiling_gemm" { print $2 }' "$MAIN" ${LONG:+"$LONG"} ${BYTES:+"$BYTES"} |
+ORDER=$(awk -F, 'FNR > 1 && $2 !~ /^ceiling_/ { print $2 }' "$MAIN" ${LONG:+"$LONG"} ${BYTES:+"$BYTES"} |
     sort -u |
     awk '{ print (/^[0-9]/ ? 0 : $0 == "cublas" ? 1 : $0 == "torch_flash" ? 2 : $0 == "torch_cudnn" ? 3 : 4), $0 }' |
     sort -k1,1n -k2,2 | cut -d' ' -f2 | tr '\n' ' ')
@@ -243,8 +248,9 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
             print "title", kind "_" dir, s, s " / " p
         }
         FNR == 1 { next }
-        # the GEMM ceiling (CEILINGS above): "TFLOP/s size dtype"
+        # the GEMM ceiling (CEILINGS above): "TFLOP/s size dtype"; other ceilings: not here
         $2 == "ceiling_gemm" { if ($15 == "ok" && $13 > 0) ceiling = $13 " " $8 " " $4; next }
+        $2 ~ /^ceiling_/ { next }
         $15 != "ok" { next }
         {
             put("tf_" $3 "_d" $10 "_c" $11, $2, $8, $13)
@@ -274,7 +280,7 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
             # binary units, as the workspace axis
             return b >= 2^40 ? sprintf("%.1f TiB", b / 2^40) : b >= 2^30 ? sprintf("%.1f GiB", b / 2^30) : sprintf("%.0f MiB", b / 2^20)
         }
-        FNR == 1 || $2 == "ceiling_gemm" { next }
+        FNR == 1 || $2 ~ /^ceiling_/ { next }
         { k = $3 SUBSEP $2 }
         $15 == "ok" {
             val["long_" $3 "__" $2, $8] = $12
