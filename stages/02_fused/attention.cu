@@ -15,8 +15,8 @@
  * shared memory and N_k is capped by what a block may opt in to: N_k <= smem / (Br * 4),
  * which is 29056 on an H100 or H200 (227 KiB). check() refuses longer key sequences;
  * stage 03_tiled removes the cap.
- * Br = 2: the largest Br whose cap covers the longest sequence of the bench (16384); Br = 4
- * would cap N_k at 14528. More rows per block would share each load of K_j among more rows,
+ * Br = 2: the largest power of two whose cap covers the longest sequence of the bench
+ * (16384); Br = 4 would cap N_k at 14528. More rows per block would share each load of K_j among more rows,
  * but the shuffles that finish each dot product grow with Br too, so the time per row
  * should change little with Br, while the cap halves with every doubling.
  * Time: faster than stage 1 (no HBM round trips, coalesced K), still scalar fp32 on the
