@@ -8,6 +8,8 @@
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
 #   make bench / plots    plots/bench.sh then plots/bytes.sh (GPU), plots/plots.sh
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
+#   make profile STAGE=n [ARGS="..."]   plots/profile.sh: Nsight Compute's time, DRAM bytes,
+#                         occupancy, tensor pipe and stall reasons of stage n, one table (GPU)
 #   make diff STAGE=n     what stage n changes relative to stage n-1
 #   make deps             Criterion (tests) and gnuplot (plots); deps-local: Criterion into .deps/
 #   make clean
@@ -65,7 +67,7 @@ TEST_BIN  := $(BUILD)/test_all
 STAGE_OBJS := $(patsubst %,$(OBJ)/%.stage.o,$(STAGES)) $(if $(CUBLAS_SRC),$(OBJ)/cublas.stage.o)
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all test test-run static-check sanitize bench bytes plots diff clean deps deps-test \
+.PHONY: all test test-run static-check sanitize bench bytes profile plots diff clean deps deps-test \
         deps-plot deps-local deps-local-plot FORCE
 .SECONDARY:
 
@@ -161,6 +163,10 @@ bench: all
 
 bytes: all
 	sh plots/bytes.sh
+
+profile: all
+	@[ -n "$(STAGE)" ] || { echo "usage: make profile STAGE=n [ARGS=\"--seqlen 8192 --dim 128 ...\"]"; exit 2; }
+	sh plots/profile.sh $(STAGE) $(ARGS)
 
 # make plots GPU=NVIDIA-H200 draws plots/results/NVIDIA-H200*.csv; without GPU=, the one GPU
 # with CSVs there (with several, plots/plots.sh lists them and stops)
