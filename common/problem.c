@@ -99,53 +99,61 @@ void attn_host_poison_outputs(attn_host *t)
     if (t->dv) memset(t->dv, 0xFF, attn_numel_kv(p) * 2);
 }
 
-/* Each tensor draws from its own stream, so adding dO does not change Q, K, V. A stream is
- * cut into chunks of FILL_CHUNK elements, each with its own generator, so the values do not
- * depend on how many threads fill them: at bench sizes (10^8 elements) one thread would
- * spend seconds here, several times the GPU time being measured. */
+/* Work over n elements cut into chunks of FILL_CHUNK, spread over up to FILL_THREADS_MAX
+ * threads: at bench sizes (10^8 elements, 2^31 at N = 10^6) one thread would spend seconds on
+ * a pass, several times the GPU time being measured. chunk(ctx, c, begin, end) does chunk c. */
 #define FILL_CHUNK ((size_t)1 << 16)
 #define FILL_THREADS_MAX 16
 
-typedef struct {
-    uint16_t *x;
-    size_t n;
-    uint64_t stream;
-    double mul;
-    attn_dtype t;
-    int tid, nthreads;
-} fill_job;
+typedef void (*chunk_fn)(const void *ctx, size_t c, size_t begin, size_t end);
+typedef struct { chunk_fn chunk; const void *ctx; size_t n; int tid, nthreads; } par_job;
 
-static void *fill_chunks(void *arg)
+static void *par_worker(void *arg)
 {
-    const fill_job *j = arg;
-    for (size_t c = (size_t)j->tid; c * FILL_CHUNK < j->n; c += (size_t)j->nthreads) {
-        attn_rng r;
-        attn_rng_init(&r, j->stream + c * 0xD1B54A32D192ED03ull);
-        size_t end = (c + 1) * FILL_CHUNK < j->n ? (c + 1) * FILL_CHUNK : j->n;
-        for (size_t i = c * FILL_CHUNK; i < end; i++)
-            j->x[i] = attn_from_f32((float)(j->mul * attn_rng_normal(&r)), j->t);
-    }
+    const par_job *j = arg;
+    for (size_t c = (size_t)j->tid; c * FILL_CHUNK < j->n; c += (size_t)j->nthreads)
+        j->chunk(j->ctx, c, c * FILL_CHUNK, (c + 1) * FILL_CHUNK < j->n ? (c + 1) * FILL_CHUNK : j->n);
     return NULL;
+}
+
+static void par_chunks(size_t n, chunk_fn chunk, const void *ctx)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nthreads = cpus < 1 ? 1 : cpus > FILL_THREADS_MAX ? FILL_THREADS_MAX : (int)cpus;
+    if ((size_t)nthreads > n / FILL_CHUNK) nthreads = (int)(n / FILL_CHUNK) + 1;
+    par_job jobs[FILL_THREADS_MAX];
+    pthread_t th[FILL_THREADS_MAX];
+    int started = 0;
+    for (int i = 0; i < nthreads; i++) {
+        jobs[i] = (par_job){ chunk, ctx, n, i, nthreads };
+        if (i > 0 && pthread_create(&th[i], NULL, par_worker, &jobs[i]) == 0) started |= 1 << i;
+    }
+    par_worker(&jobs[0]);
+    for (int i = 1; i < nthreads; i++) {
+        if (started & (1 << i)) pthread_join(th[i], NULL);
+        else par_worker(&jobs[i]);  /* no thread: do its chunks here */
+    }
+}
+
+/* Each tensor draws from its own stream, so adding dO does not change Q, K, V. A stream is
+ * cut into chunks, each with its own generator, so the values do not depend on how many
+ * threads fill them. */
+typedef struct { uint16_t *x; uint64_t stream; double mul; attn_dtype t; } fill_ctx;
+
+static void fill_chunk(const void *ctx, size_t c, size_t begin, size_t end)
+{
+    const fill_ctx *f = ctx;
+    attn_rng r;
+    attn_rng_init(&r, f->stream + c * 0xD1B54A32D192ED03ull);
+    for (size_t i = begin; i < end; i++)
+        f->x[i] = attn_from_f32((float)(f->mul * attn_rng_normal(&r)), f->t);
 }
 
 static void fill_normal(uint16_t *x, size_t n, uint64_t seed, uint64_t tag, double mul,
                         attn_dtype t)
 {
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int nthreads = cpus < 1 ? 1 : cpus > FILL_THREADS_MAX ? FILL_THREADS_MAX : (int)cpus;
-    if ((size_t)nthreads > n / FILL_CHUNK) nthreads = (int)(n / FILL_CHUNK) + 1;
-    fill_job jobs[FILL_THREADS_MAX];
-    pthread_t th[FILL_THREADS_MAX];
-    int started = 0;
-    for (int i = 0; i < nthreads; i++) {
-        jobs[i] = (fill_job){ x, n, seed * 0x9E3779B97F4A7C15ull + tag, mul, t, i, nthreads };
-        if (i > 0 && pthread_create(&th[i], NULL, fill_chunks, &jobs[i]) == 0) started |= 1 << i;
-    }
-    fill_chunks(&jobs[0]);
-    for (int i = 1; i < nthreads; i++) {
-        if (started & (1 << i)) pthread_join(th[i], NULL);
-        else fill_chunks(&jobs[i]);  /* no thread: do its chunks here */
-    }
+    const fill_ctx f = { x, seed * 0x9E3779B97F4A7C15ull + tag, mul, t };
+    par_chunks(n, fill_chunk, &f);
 }
 
 void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)
@@ -182,37 +190,20 @@ void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)
     attn_host_poison_outputs(t);
 }
 
-typedef struct { const uint16_t *x; float *f; size_t n; attn_dtype t; int tid, nthreads; } conv_job;
+typedef struct { const uint16_t *x; float *f; attn_dtype t; } conv_ctx;
 
-static void *convert_chunks(void *arg)
+static void convert_chunk(const void *ctx, size_t c, size_t begin, size_t end)
 {
-    const conv_job *j = arg;
-    for (size_t c = (size_t)j->tid; c * FILL_CHUNK < j->n; c += (size_t)j->nthreads) {
-        const size_t end = (c + 1) * FILL_CHUNK < j->n ? (c + 1) * FILL_CHUNK : j->n;
-        for (size_t i = c * FILL_CHUNK; i < end; i++) j->f[i] = attn_to_f32(j->x[i], j->t);
-    }
-    return NULL;
+    const conv_ctx *v = ctx;
+    (void)c;
+    for (size_t i = begin; i < end; i++) v->f[i] = attn_to_f32(v->x[i], v->t);
 }
 
-/* Threaded like fill_normal: at N = 10^6 a tensor holds 2^31 elements. */
 float *attn_host_to_f32(const uint16_t *x, size_t n, attn_dtype t)
 {
     float *f = malloc(n * sizeof(float) + 1);
     if (!f) return NULL;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int nthreads = cpus < 1 ? 1 : cpus > FILL_THREADS_MAX ? FILL_THREADS_MAX : (int)cpus;
-    if ((size_t)nthreads > n / FILL_CHUNK) nthreads = (int)(n / FILL_CHUNK) + 1;
-    conv_job jobs[FILL_THREADS_MAX];
-    pthread_t th[FILL_THREADS_MAX];
-    int started = 0;
-    for (int i = 0; i < nthreads; i++) {
-        jobs[i] = (conv_job){ x, f, n, t, i, nthreads };
-        if (i > 0 && pthread_create(&th[i], NULL, convert_chunks, &jobs[i]) == 0) started |= 1 << i;
-    }
-    convert_chunks(&jobs[0]);
-    for (int i = 1; i < nthreads; i++) {
-        if (started & (1 << i)) pthread_join(th[i], NULL);
-        else convert_chunks(&jobs[i]);  /* no thread: do its chunks here */
-    }
+    const conv_ctx v = { x, f, t };
+    par_chunks(n, convert_chunk, &v);
     return f;
 }
