@@ -1,7 +1,8 @@
 # flash-stages: GNU make.
 #
 #   make                  every stage program build/<stage> and build/cublas
-#   make build/03_tiled   one stage (build/<stage>.ptxas.log gets ptxas' register/spill report)
+#   make build/03_tiled   one stage (build/<stage>.ptxas.log gets ptxas' register/spill report;
+#                         a Hopper stage also leaves its PTX in build/<stage>.ptx)
 #   make build/03_tiled BR=32 BC=128   stage 3 (and 4, BR only) with other tile sizes; make
 #                         again without them to go back (the objects remember the knobs)
 #   make test             static check + Criterion tests (GPU tests skip without a GPU)
@@ -36,13 +37,18 @@ PROGRAMS := $(addprefix $(BUILD)/,$(STAGES)) $(if $(CUBLAS_SRC),$(BUILD)/cublas)
 GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
            -gencode arch=compute_80,code=compute_80
 NVFLAGS := -O3 -std=c++17 -lineinfo -Icommon $(GENCODE)
+# Stages that include common/hopper.cuh use wgmma and setmaxnreg: arch-specific sm_90a code only
+# (it runs on compute capability 9.0 and nothing else; their check() says so elsewhere).
+HOPPER_STAGES := $(patsubst $(STAGES_DIR)/%/attention.cu,%,$(shell grep -l '^\#include "hopper.cuh"' $(STAGES_DIR)/*/attention.cu 2>/dev/null))
+NVFLAGS_HOPPER := -O3 -std=c++17 -lineinfo -Icommon -gencode arch=compute_90a,code=sm_90a
+HOPPER_PTX := $(patsubst %,$(BUILD)/%.ptx,$(HOPPER_STAGES))
 CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-format-truncation -D_POSIX_C_SOURCE=200809L \
            -Icommon -I$(CUDA_HOME)/include -pthread
 # cudart linked statically: the programs run wherever the driver is, whatever the loader path
 LDLIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lm
 CUBLAS_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas
 
-DEV_HDRS := common/attn.h common/attn_device.cuh $(wildcard common/mma.cuh)
+DEV_HDRS := common/attn.h common/attn_device.cuh $(wildcard common/mma.cuh common/hopper.cuh)
 LIB_SRCS := $(filter-out common/main.c,$(wildcard common/*.c))
 LIB_OBJS := $(patsubst common/%.c,$(OBJ)/lib_%.o,$(LIB_SRCS))
 LIB      := $(BUILD)/libharness.a
@@ -71,7 +77,7 @@ TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
         deps-plot deps-local deps-local-plot FORCE
 .SECONDARY:
 
-all: $(PROGRAMS)
+all: $(PROGRAMS) $(HOPPER_PTX)
 
 $(OBJ):
 	@mkdir -p $@
@@ -95,9 +101,15 @@ $(patsubst %,$(OBJ)/%.stage.o,$(KNOB_STAGES)): $(BUILD)/knobs
 # ---- stages: object (ptxas report kept), main with the stage's symbol, program ---------
 $(OBJ)/%.stage.o: $(STAGES_DIR)/%/attention.cu $(DEV_HDRS) | $(OBJ)
 	@echo "nvcc $< -> $@ (ptxas report: $(BUILD)/$*.ptxas.log)$(if $(filter $*,$(KNOB_STAGES)),$(if $(KNOBS), $(KNOBS)))"
-	@$(NVCC) $(NVFLAGS) $(if $(filter $*,$(KNOB_STAGES)),$(KNOBS)) -Xptxas -v -c $< -o $@ 2> $(BUILD)/$*.ptxas.log || \
+	@$(NVCC) $(if $(filter $*,$(HOPPER_STAGES)),$(NVFLAGS_HOPPER),$(NVFLAGS)) $(if $(filter $*,$(KNOB_STAGES)),$(KNOBS)) \
+	  -Xptxas -v -c $< -o $@ 2> $(BUILD)/$*.ptxas.log || \
 	  { cat $(BUILD)/$*.ptxas.log; rm -f $@; exit 1; }
 	@grep -v '^ptxas info\|^    [0-9]* bytes stack frame' $(BUILD)/$*.ptxas.log || true
+
+# the PTX of a Hopper stage, which tests/static_check.sh reads (its object holds SASS only)
+$(HOPPER_PTX): $(BUILD)/%.ptx: $(STAGES_DIR)/%/attention.cu $(DEV_HDRS) | $(OBJ)
+	@echo "nvcc -ptx $< -> $@"
+	@$(NVCC) $(NVFLAGS_HOPPER) -ptx $< -o $@
 
 $(OBJ)/cublas.stage.o: common/cublas_baseline.cu $(DEV_HDRS) | $(OBJ)
 	@echo "nvcc $< -> $@ (ptxas report: $(BUILD)/cublas.ptxas.log)"

@@ -5,10 +5,20 @@
 #     "0 bytes spill stores, 0 bytes spill loads".
 #  2. the stage object exports exactly one symbol, stage_<stage> (everything else static);
 #     weak symbols nvcc/g++ emit themselves (V/W, e.g. DW.ref.__gxx_personality_v0) are allowed.
+#  3. a Hopper stage (its source includes hopper.cuh) is on the asynchronous path: its PTX
+#     (BUILD/<stage>.ptx) has wgmma.mma_async and cp.async.bulk.tensor; ptxas printed no
+#     performance warning C75xx (C7508 setmaxnreg ignored, C7510 wgmma serialised at a function
+#     call, C7511 too few registers, C7515 wgmma serialised by accumulator use, C7519 warpgroup
+#     arrive inserted); with cuobjdump (the toolkit's, or on PATH) its SASS has HGMMA and UTMALDG
+#     (without one, that part is reported as not checked).
 set -u
 build=$1; shift
+stages_dir=${STAGES_DIR:-stages}
+cuda_bin=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")
+cuobjdump=$(command -v cuobjdump 2>/dev/null || { [ -x "$cuda_bin/cuobjdump" ] && echo "$cuda_bin/cuobjdump"; })
 fail=0
 n=0
+hopper=0
 for s in "$@"; do
     n=$((n + 1))
     log="$build/$s.ptxas.log"
@@ -33,8 +43,31 @@ for s in "$@"; do
         echo "static check: $s: exported symbols are '$syms', want exactly 'stage_$s' (make the rest static)"
         fail=1
     fi
+    grep -q '^#include "hopper.cuh"' "$stages_dir/$s/attention.cu" 2>/dev/null || continue
+    hopper=$((hopper + 1))
+    ptx="$build/$s.ptx"
+    for insn in wgmma.mma_async cp.async.bulk.tensor; do
+        if ! grep -q "$insn" "$ptx" 2>/dev/null; then
+            echo "static check: $s: no $insn in its PTX ($ptx): not on Hopper's asynchronous path"; fail=1
+        fi
+    done
+    if grep -q '(C75[0-9][0-9])' "$log"; then
+        echo "static check: $s: ptxas performance warnings:"
+        grep '(C75[0-9][0-9])' "$log" | sed 's/^/    /'; fail=1
+    fi
+    if [ -n "$cuobjdump" ]; then
+        sass=$("$cuobjdump" --dump-sass "$obj" 2>&1)
+        for insn in HGMMA UTMALDG; do
+            if ! printf '%s' "$sass" | grep -q "$insn"; then
+                echo "static check: $s: no $insn in its SASS ($cuobjdump --dump-sass $obj)"; fail=1
+            fi
+        done
+    else
+        echo "static check: $s: SASS not read (no cuobjdump here): HGMMA and UTMALDG not checked"
+    fi
 done
 if [ $fail = 0 ]; then
-    echo "static check: $n programs built, no spills, one exported symbol each"
+    echo "static check: $n programs built, no spills, one exported symbol each;" \
+         "$hopper Hopper stage(s) with wgmma and TMA in their PTX and no C75xx warning"
 fi
 exit $fail

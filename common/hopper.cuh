@@ -1,0 +1,292 @@
+/* common/hopper.cuh: Hopper's asynchronous path (sm_90a), one named function per PTX
+ * instruction, shared by the Hopper stages (07 on).
+ *
+ *   TMA        the tensor memory accelerator copies a box of a tensor global -> shared by
+ *              itself, described by a tensor map built on the host (hopper_tensor_map);
+ *   mbarrier   a barrier object in shared memory that counts arrivals and bytes; a TMA copy
+ *              "completes" by subtracting its bytes from the barrier it names;
+ *   wgmma      a warpgroup (4 consecutive warps) issues one asynchronous matrix product
+ *              m64 x n x k16, operands read from shared memory through 64-bit descriptors
+ *              (A may come from registers), accumulators in registers.
+ * TMA and wgmma act in the "async proxy": their accesses to shared memory are not ordered with
+ * ordinary loads and stores by __syncthreads alone; the fences below say when they are.
+ *
+ * Shared-memory tiles here are 16-bit [rows][64] boxes with the 128-byte swizzle: row r is 128
+ * bytes at r * 128, its 16-byte chunk c stored at chunk c ^ (r % 8). A head dim d is d / 64 such
+ * boxes one after the other (the inner box dimension of a 128-byte swizzle is at most 128
+ * bytes). Every box starts 1024-byte aligned (8 rows: one period of the swizzle).
+ */
+#ifndef ATTN_HOPPER_CUH
+#define ATTN_HOPPER_CUH
+
+#include <stdint.h>
+#include <stdio.h>
+#include <cuda.h>           /* CUtensorMap (a type only: nothing links libcuda) */
+#include <cudaTypedefs.h>   /* PFN_cuTensorMapEncodeTiled_v12000 */
+#include "attn.h"
+
+#define WARPGROUP   128   /* threads of a warpgroup: the unit that issues a wgmma */
+#define WG_ROWS     64    /* rows of a wgmma's A operand and accumulators (m64) */
+#define WGMMA_K     16    /* the reduction step of a 16-bit wgmma */
+#define BOX_COLS    64    /* 16-bit columns of a 128-byte swizzled box */
+#define BOX_ROW     128   /* bytes per row of such a box */
+#define SWIZZLE_ATOM 1024 /* 8 rows x 128 bytes: the swizzle's period and the boxes' alignment */
+/* A wait on an mbarrier longer than this is a deadlock (a lost arrive, a wrong phase, a TMA
+ * that never completes): the thread traps, so the launch fails with an error (the harness names
+ * the shape) instead of hanging. A real wait is microseconds; the sanitizers slow it a
+ * hundredfold. (No printf: a function call in a kernel makes ptxas serialise every wgmma.) */
+#define MBAR_TIMEOUT_NS 10000000000ull
+
+/* ---- host: tensor maps ------------------------------------------------------------------- */
+
+/* A tensor map of a [B, N, heads, d] 16-bit tensor (Q, K, V or O) for boxes of 64 columns x
+ * box_rows rows of one (batch, head), 128-byte swizzled. Dimensions innermost first: column
+ * (d), row (N, stride heads * d elements), head (stride d), batch. Rows past N read as zeros
+ * (and a store there writes nothing). cuTensorMapEncodeTiled is a driver function: reached
+ * through the runtime's entry-point query, so the program needs no -lcuda. 0 on success. */
+static inline int hopper_tensor_map(CUtensorMap *map, const void *base, attn_dtype t, int d, int N,
+                             int heads, int B, int box_rows)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        void *fn = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                             cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess || !fn)
+            return -1;
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }
+    const cuuint64_t dims[4] = { (cuuint64_t)d, (cuuint64_t)N, (cuuint64_t)heads, (cuuint64_t)B };
+    const cuuint64_t row = (cuuint64_t)heads * d * 2;   /* bytes; dimension 0 is contiguous */
+    const cuuint64_t strides[3] = { row, (cuuint64_t)d * 2, row * N };
+    const cuuint32_t box[4] = { BOX_COLS, (cuuint32_t)box_rows, 1, 1 };
+    const cuuint32_t elem_strides[4] = { 1, 1, 1, 1 };
+    const CUresult r = encode(map, t == ATTN_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                              4, (void *)base, dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* ---- device: mbarriers ------------------------------------------------------------------- */
+
+/* Byte offset of 16-byte chunk c of row r in a 128-byte swizzled box (see the top). */
+static __device__ __forceinline__ uint32_t box_swz(int r, int c)
+{
+    return r * BOX_ROW + ((c ^ (r & 7)) << 4);
+}
+
+/* Initialise the barrier at shared address bar to expect count arrivals per phase. */
+static __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+
+/* Make the initialisations above visible to the other threads and to the async proxy (the TMA
+ * unit completes transactions on them); a __syncthreads() follows. */
+static __device__ __forceinline__ void mbar_fence_init(void)
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* Arrive once on bar and add bytes to the transactions the current phase waits for: the phase
+ * completes when every arrival has happened and that many bytes have landed. */
+static __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(bar), "r"(bytes) : "memory");
+}
+
+/* Plain arrive (no bytes): for barriers that count threads or warpgroups. */
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+
+/* 1 once the phase with parity `parity` of bar has completed (the hardware may suspend the
+ * thread for a while before answering no). */
+static __device__ __forceinline__ int mbar_try_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return (int)done;
+}
+
+static __device__ __forceinline__ uint64_t global_ns(void)
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+
+/* Wait for the phase of parity `parity` (a barrier's phases alternate 0, 1, 0, ...: a ring of
+ * S stages waits on parity (j / S) % 2 for its j-th use). Bounded: see MBAR_TIMEOUT_NS. */
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    if (mbar_try_wait(bar, parity)) return;
+    const uint64_t start = global_ns();
+    while (!mbar_try_wait(bar, parity))
+        if (global_ns() - start > MBAR_TIMEOUT_NS) __trap();
+}
+
+/* ---- device: TMA --------------------------------------------------------------------------- */
+
+/* Copy the box at coordinates (c0 column, c1 row, c2 head, c3 batch) of the tensor described by
+ * map (a __grid_constant__ kernel parameter) into shared memory at dst (1024-byte aligned);
+ * on landing its bytes complete a transaction of the mbarrier bar. Issued by one thread. */
+static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0,
+                                                   int c1, int c2, int c3, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+
+/* Ordinary shared-memory writes of this thread become visible to the async proxy (a TMA store
+ * or a wgmma reading what st.shared or stmatrix wrote); a barrier follows. */
+static __device__ __forceinline__ void fence_proxy_async(void)
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* ---- device: wgmma --------------------------------------------------------------------------- */
+
+/* Shared-memory matrix descriptor of an operand made of 128-byte swizzled boxes: start address
+ * >> 4 (bits 0-13), leading-dimension byte offset >> 4 (16-29), stride-dimension byte offset >> 4
+ * (32-45), swizzle mode 1 = 128 bytes (62-63). The stride offset is the distance between groups
+ * of 8 rows (1024 bytes here); the leading offset, for an MN-major operand wider than one box,
+ * the distance between the boxes (a K-major operand ignores it). Moving the start address
+ * inside a swizzled box walks the operand along K (32 bytes per k16 step for K-major) or along
+ * the rows (a whole number of 8-row groups for MN-major). */
+static __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lead, uint32_t stride)
+{
+    return (uint64_t)((addr & 0x3ffff) >> 4) | (uint64_t)(lead >> 4) << 16 |
+           (uint64_t)(stride >> 4) << 32 | 1ull << 62;
+}
+
+/* Registers written by ordinary code must not be read by a wgmma issued later, nor wgmma
+ * accumulators by ordinary code, without these: the fence orders this warpgroup's prior
+ * register and shared-memory accesses before the wgmmas that follow; commit closes the wgmmas
+ * issued so far into a group; wait_group n blocks until at most n groups are in flight. */
+static __device__ __forceinline__ void wgmma_fence(void)
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void wgmma_commit(void)
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void wgmma_wait_0(void)
+{
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void wgmma_wait_1(void)
+{
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+
+/* The compiler does not know that wgmma_wait is what makes the accumulators final: this empty
+ * statement "rewrites" each of the n registers after the wait, so no read of them can be
+ * scheduled before it (and no write of them after a wgmma moved before its fence). */
+static __device__ __forceinline__ void wgmma_hold(float *d, int n)
+{
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+/* Operand lists of the accumulators: "+f" of d[0..n-1], and the matching "{%0, ..., %n-1}". */
+#define WGMMA_D8(d)   "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), \
+                      "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7])
+#define WGMMA_D32(d)  WGMMA_D8(d), WGMMA_D8((d) + 8), WGMMA_D8((d) + 16), WGMMA_D8((d) + 24)
+#define WGMMA_D64(d)  WGMMA_D32(d), WGMMA_D32((d) + 32)
+#define WGMMA_D128(d) WGMMA_D64(d), WGMMA_D64((d) + 64)
+
+#define WGMMA_ACC_32 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WGMMA_ACC_64 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WGMMA_ACC_128 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
+/* D[64 x N] (+)= A[64 x 16] B[16 x N], fp32 accumulators, 16-bit TY operands.
+ * SS: A and B in shared memory by descriptor, both K-major (trans bits 0): for S = Q Kᵀ, Q_i
+ *     and K_j are both stored [rows][d].
+ * RS: A in four registers per thread (the accumulator layout of a previous wgmma, packed to
+ *     16-bit pairs), B by descriptor, MN-major (trans-b 1): for O += P V, V_j is stored
+ *     [keys][d], which is B = V_j [k = keys][n = d] with n contiguous.
+ * scale_d = 0 ignores D's old value (the first k-step of a product). The %-numbers of the
+ * operands after the accumulators are passed in: they depend on how many there are. */
+#define WGMMA_SS(N, TY, ACC, A, B, SC)                                                      \
+    "{\n .reg .pred p;\n setp.ne.b32 p, " SC ", 0;\n"                                        \
+    " wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " ACC ", " A ", " B        \
+    ", p, 1, 1, 0, 0;\n}\n"
+#define WGMMA_RS(N, TY, ACC, A0, A1, A2, A3, B, SC)                                         \
+    "{\n .reg .pred p;\n setp.ne.b32 p, " SC ", 0;\n"                                        \
+    " wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " ACC ", {" A0 ", " A1     \
+    ", " A2 ", " A3 "}, " B ", p, 1, 1, 1;\n}\n"
+
+/* m64n64k16 and m64n128k16, both operands from shared memory (fp16: a literal at the call). */
+static __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t a, uint64_t b,
+                                                    int scale_d, int fp16)
+{
+    if (fp16) asm volatile(WGMMA_SS("64", "f16", WGMMA_ACC_32, "%32", "%33", "%34")
+                           : WGMMA_D32(d) : "l"(a), "l"(b), "r"(scale_d));
+    else      asm volatile(WGMMA_SS("64", "bf16", WGMMA_ACC_32, "%32", "%33", "%34")
+                           : WGMMA_D32(d) : "l"(a), "l"(b), "r"(scale_d));
+}
+
+static __device__ __forceinline__ void wgmma_ss_n128(float d[64], uint64_t a, uint64_t b,
+                                                     int scale_d, int fp16)
+{
+    if (fp16) asm volatile(WGMMA_SS("128", "f16", WGMMA_ACC_64, "%64", "%65", "%66")
+                           : WGMMA_D64(d) : "l"(a), "l"(b), "r"(scale_d));
+    else      asm volatile(WGMMA_SS("128", "bf16", WGMMA_ACC_64, "%64", "%65", "%66")
+                           : WGMMA_D64(d) : "l"(a), "l"(b), "r"(scale_d));
+}
+
+/* m64n64k16, m64n128k16 and m64n256k16 with A from registers. */
+static __device__ __forceinline__ void wgmma_rs_n64(float d[32], const uint32_t a[4], uint64_t b,
+                                                    int scale_d, int fp16)
+{
+    if (fp16) asm volatile(WGMMA_RS("64", "f16", WGMMA_ACC_32, "%32", "%33", "%34", "%35", "%36", "%37")
+                           : WGMMA_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+    else      asm volatile(WGMMA_RS("64", "bf16", WGMMA_ACC_32, "%32", "%33", "%34", "%35", "%36", "%37")
+                           : WGMMA_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+static __device__ __forceinline__ void wgmma_rs_n128(float d[64], const uint32_t a[4], uint64_t b,
+                                                     int scale_d, int fp16)
+{
+    if (fp16) asm volatile(WGMMA_RS("128", "f16", WGMMA_ACC_64, "%64", "%65", "%66", "%67", "%68", "%69")
+                           : WGMMA_D64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+    else      asm volatile(WGMMA_RS("128", "bf16", WGMMA_ACC_64, "%64", "%65", "%66", "%67", "%68", "%69")
+                           : WGMMA_D64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+static __device__ __forceinline__ void wgmma_rs_n256(float d[128], const uint32_t a[4], uint64_t b,
+                                                     int scale_d, int fp16)
+{
+    if (fp16) asm volatile(WGMMA_RS("256", "f16", WGMMA_ACC_128, "%128", "%129", "%130", "%131", "%132", "%133")
+                           : WGMMA_D128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+    else      asm volatile(WGMMA_RS("256", "bf16", WGMMA_ACC_128, "%128", "%129", "%130", "%131", "%132", "%133")
+                           : WGMMA_D128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+#endif /* ATTN_HOPPER_CUH */
