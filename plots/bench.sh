@@ -269,6 +269,8 @@ start_csv() {
 
 # finish_csv FILE: moves the collected rows into place; with MERGE=1, rows of FILE that
 # this run did not re-measure (key: stage, direction, dtype and shape) are kept.
+# FILE.runs gets one line per run whose rows FILE holds (a fresh file: this run's line only;
+# a merge: the line appended), which plots/plots.sh --sources reads to say when a file mixes runs.
 finish_csv() {
     part=$1.part
     ACTIVE_CSV=
@@ -283,9 +285,11 @@ finish_csv() {
             !(key in fresh) { print }
             END { for (i = 1; i <= n; i++) print rows[i] }' "$part" "$1" > "$1.merged" &&
             mv "$1.merged" "$1" && rm -f "$part"
+        echo "$RUN_LINE; merged into the rows of the runs above" >> "$1.runs"
         echo "bench: merged into $1"
     else
         mv "$part" "$1"
+        echo "$RUN_LINE" > "$1.runs"
         echo "bench: wrote $1"
     fi
 }
@@ -313,6 +317,8 @@ reverse_words() { r=; for w in "$@"; do r="$w${r:+ $r}"; done; echo "$r"; }
 # 1. The sweep.
 
 echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; merge=$MERGE"
+# what this run measures, for the .runs file of each CSV it writes (see finish_csv)
+RUN_LINE="$(date -u '+%Y-%m-%d %H:%M UTC'): programs${programs:- none}; anchors ${anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS"
 if [ "$SWEEP" != 0 ]; then
     start_csv "$CSV"
     total=$(( $(count_words $programs) * $(count_words $DIRS) * $(count_words $DIMS) *
