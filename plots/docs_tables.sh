@@ -31,10 +31,15 @@
 # one GPU's (make plots GPU=NVIDIA-H200 to choose it; RESULTS_CSV / RESULTS_LONG_CSV /
 # RESULTS_BYTES_CSV for other paths). Every table reads one CSV, and the caption line under
 # it names the GPU, the CSV and the date of its rows, and says that they are one make bench
-# run (plots/plots.sh --sources; SOURCES in plots/plots.sh says when files count as one run).
+# run, or which runs were merged into the CSV (plots/plots.sh --sources; SOURCES in
+# plots/plots.sh says when files count as one run). When they were several, the caption of a
+# "STAGE vs OTHER" table also says whether the two stages' rows come from one run (its date)
+# or from two (plots/plots.sh --runs; where the .runs lines cannot tell, it says nothing).
 # The rows named ceiling_* are not stages: the io tables quote the device-to-device copy of
 # the ceiling_copy row (bytes read + written, from its note, over its median time; see
-# plots/anchors.py) where the sweep CSV has one, and nothing else reads them.
+# plots/anchors.py) where the sweep CSV has one, "in the same run", or "in the run of DATE"
+# when the CSV holds several runs and the stage's rows are not from the copy's; nothing else
+# reads them.
 # A stage renamed since a lesson was written (05_fa2, now 06_fa2) is read under its new
 # name, with a note on stderr.
 set -u
@@ -54,6 +59,8 @@ SRC_MAIN=$(sh plots/plots.sh --sources --md "$MAIN") || exit 2
 SRC_LONG= SRC_BYTES=
 [ "$LONG" = /dev/null ] || SRC_LONG=$(sh plots/plots.sh --sources --md "$LONG") || exit 2
 [ "$BYTES" = /dev/null ] || SRC_BYTES=$(sh plots/plots.sh --sources --md "$BYTES") || exit 2
+# with rows of several runs in the sweep CSV: which run each stage's rows come from
+RUNS=$(sh plots/plots.sh --runs "$MAIN") || exit 2
 MODELS=$(cat plots/bytes_model.awk) || exit 2
 # Stages renamed since the lessons' markers were written: old=new, space-separated.
 RENAMED="05_fa2=06_fa2"
@@ -64,7 +71,7 @@ gen() {
     awk -F, -v main="$MAIN" -v long="$LONG" -v bytesf="$BYTES" -v bm="$BEGIN_MARK" \
         -v em="$END_MARK" -v print_only="${PRINT_ONLY:-0}" -v renamed="$RENAMED" \
         -v label="${LABEL:-$1}" -v src_main="$SRC_MAIN" -v src_long="$SRC_LONG" \
-        -v src_bytes="$SRC_BYTES" "$MODELS"'
+        -v src_bytes="$SRC_BYTES" -v runs="$RUNS" "$MODELS"'
         # 3 significant digits, no exponent: 0.903, 30.1, 335, 1234
         function sig3(x,   r, e) {
             if (x == 0) return "0"
@@ -88,6 +95,26 @@ gen() {
             a = s SUBSEP dir SUBSEP d SUBSEP c SUBSEP n; b = o SUBSEP dir SUBSEP d SUBSEP c SUBSEP n
             if (st[a] != "ok" || st[b] != "ok" || tf[b] <= 0) return ""
             return " (" sig3(tf[a] / tf[b]) "×)"
+        }
+        # which run the rows of stages a and b come from (plots/plots.sh --runs): "same" (one
+        # run), "apart" (two), "" (the sweep CSV is one run, or its .runs lines cannot tell)
+        function runpair(a, b,   i, n, l, f, k) {
+            if (!loaded) {
+                loaded = 1; n = split(runs, l, "\n")
+                for (i = 1; i <= n; i++) if (split(l[i], f, "\t") == 4) { rrun[f[1]] = f[2]; rdate[f[1]] = f[3]; rwhole[f[1]] = f[4] }
+            }
+            if (!(a in rrun) || !(b in rrun)) return ""
+            k = rrun[a] + 0 > rrun[b] + 0 ? a : b
+            if (!rwhole[k]) return ""
+            return rrun[a] == rrun[b] ? "same" : "apart"
+        }
+        # the clause of the caption of a ratio table that says so
+        function runs_clause(a, b,   r, late, early) {
+            r = runpair(a, b)
+            if (r == "same") return "; both from the run of " rdate[a]
+            if (r != "apart") return ""
+            late = rrun[a] + 0 > rrun[b] + 0 ? a : b; early = late == a ? b : a
+            return "; from two runs: " late " from the run of " rdate[late] ", " early " from an earlier one"
         }
         # the caption line under a table of the sweep CSV
         function source(what) {
@@ -123,7 +150,7 @@ gen() {
             if (what == "ms")
                 out(source("milliseconds per call of " s ", median of the timed runs; bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d)"))
             else
-                out(source("TFLOP/s of " s (o != "" ? " (in brackets: " s " / " o " on the same shape, where both ran)" : "") \
+                out(source("TFLOP/s of " s (o != "" ? " (in brackets: " s " / " o " on the same shape, where both ran" runs_clause(s, o) ")" : "") \
                     ", median of the timed runs; bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d); causal counts the visible half"))
         }
         function table_workspace(s,   i, n, k, line, di, dir, v) {
@@ -176,14 +203,16 @@ gen() {
                 out("| " n " | " b " | " sig3(ms[k]) " | " gb(once) " | " gb(tot - once) " | " gb(tot) " | " sig3(tot / (ms[k] / 1e3) / 1e12) " TB/s |")
             }
             out("")
-            if (has) out(source(s " forward, bf16, head dim 128, non-causal: milliseconds measured; bytes modelled from the code (plots/bytes_model.awk: " bm_terms(s, 128) "; GB = 10^9 bytes), not counted by a profiler; the last column is their quotient" copy_note()))
-            else out(source(s " forward, bf16, head dim 128, non-causal: milliseconds measured; plots/bytes_model.awk has no byte model of " s ", only the bytes every stage moves at least (GB = 10^9 bytes)" copy_note()))
+            if (has) out(source(s " forward, bf16, head dim 128, non-causal: milliseconds measured; bytes modelled from the code (plots/bytes_model.awk: " bm_terms(s, 128) "; GB = 10^9 bytes), not counted by a profiler; the last column is their quotient" copy_note(s)))
+            else out(source(s " forward, bf16, head dim 128, non-causal: milliseconds measured; plots/bytes_model.awk has no byte model of " s ", only the bytes every stage moves at least (GB = 10^9 bytes)" copy_note(s)))
         }
         # the copy ceiling, where the sweep CSV has a ceiling_copy row: a clause for the io
-        # tables; nothing when it has none
-        function copy_note() {
+        # tables of stage s (timed in the same run as the rows of s, or in the run it names);
+        # nothing when it has none
+        function copy_note(s,   when) {
             if (copy_tbs == "") return ""
-            return "; a device-to-device copy in the same run (the `ceiling_copy` row: bytes read + written over its median time) reached " sig3(copy_tbs) " TB/s"
+            when = runpair(s, "ceiling_copy") == "same" || !("ceiling_copy" in rrun) ? "the same run" : "the run of " rdate["ceiling_copy"]
+            return "; a device-to-device copy in " when " (the `ceiling_copy` row: bytes read + written over its median time) reached " sig3(copy_tbs) " TB/s"
         }
         function bytes_source(what) {
             return "*" what "; GB = 10^9 bytes; " src_bytes "; generated by `plots/docs_tables.sh`; do not edit.*"

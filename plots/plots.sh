@@ -12,6 +12,9 @@
 #   sh plots/plots.sh --sources [--md] CSV...   print the line that names where a figure's or
 #                                a table's numbers come from (see SOURCES below); --md: the
 #                                paths and `make bench` in backticks, for Markdown
+#   sh plots/plots.sh --runs CSV   when CSV holds rows of several runs (its .runs file, see
+#                                SOURCES): one line per stage, "STAGE RUN DATE WHOLE" (tabs)
+#                                naming the run its rows come from; nothing for one run
 #
 # Which GPU (never picked silently): the CSVs of one GPU are read,
 #   plots/results/<GPU>.csv (the sweep), <GPU>-long.csv and <GPU>-bytes.csv, where <GPU> is
@@ -41,12 +44,15 @@
 #       in the colour of the stage the step introduces (forward and backward, d = 128,
 #       non-causal; "the stage before" is the last one with rows in that direction, so the
 #       backward of 04_backward is over 01_naive's); dashed: the tensor-core stages over
-#       cuBLAS. A step whose ratio is within 1% of 1 at every N (04_backward's forward, which
-#       is 03_tiled's) is not drawn over the "no change" line: a note in the panel says so.
+#       cuBLAS (TC_STAGES). A stage without rows in a direction has no step there (07_wgmma
+#       is forward only: its step is 06_fa2 -> 07_wgmma forward, and the backward panel ends
+#       at 06_fa2). A step whose ratio is within 1% of 1 at every N (04_backward's forward,
+#       which is 03_tiled's) is not drawn over the "no change" line: a note in the panel says so.
 #   io_same_hardware.png  the IO lesson on equal hardware: cuBLAS (standard attention on the
-#       tensor cores, S and P in HBM) against 05_tensor_cores (FA-1) and 06_fa2 (FA-2),
-#       TFLOP/s vs N, d = 128, forward and backward; solid non-causal, dashed causal; dotted:
-#       the GEMM ceiling, labelled with its source
+#       tensor cores, S and P in HBM) against the tensor-core stages (TC_STAGES):
+#       05_tensor_cores (FA-1), 06_fa2 (FA-2) and 07_wgmma (FA-2's forward on wgmma; forward
+#       panel only), TFLOP/s vs N, d = 128, forward and backward; solid non-causal, dashed
+#       causal; dotted: the GEMM ceiling, labelled with its source
 #   bytes.png          DRAM bytes of one forward call vs N (d = 128, H = 16, B = 16384/N):
 #       Nsight Compute's counts, read + written (points), against each stage's byte model
 #       (lines; plots/bytes_model.awk) and Q, K, V, O once (dotted); right: measured / model
@@ -65,34 +71,55 @@
 # unknown" where `date -r` cannot read it.
 #
 # SOURCES: a make bench run writes whole files (plots/bench.sh: the sweep and the long CSV;
-# plots/bytes.sh: the bytes CSV), committed together. So a committed CSV is taken to be one
-# run, the commit that last wrote it names that run, and files last written by the same commit
-# are one run. The line (--sources) reads, for files of one run:
+# plots/bytes.sh: the bytes CSV), committed together, and plots/bench.sh writes next to each
+# CSV a file <csv>.runs with one line per run whose rows the CSV holds ("DATE: programs ...;
+# anchors ...; dirs ...; sweep d ..., causal ..."): a fresh run writes its line alone, a
+# partial re-run merged into the file (MERGE=1) appends its line. A CSV without a .runs file,
+# or with one line in it, is taken to be one run: the commit that last wrote it names that
+# run, and files last written by the same commit are one run. The line (--sources) reads,
+# for files of one run:
 #   "NVIDIA-H200, rows of 2026-11-30, one make bench run: plots/results/NVIDIA-H200.csv"
 # and for files of different commits (or not committed) it names each file with its GPU,
 # date and commit: "rows of several make bench runs: A (GPU, rows of D, commit C); B (...)".
-# A partial re-run merged into an existing file (plots/bench.sh with MERGE=1) mixes runs
-# inside one file, which the CSV cannot show: commit such a merge with a message that says so.
-#
+# A CSV whose .runs file has several lines holds rows of several runs, and the line names
+# them, oldest first, each by its date (a "(commit C)" after it dropped) and what it ran:
+# the programs ("first ... last" when more than three) and "torch anchors" (or the one):
+#   "NVIDIA-H200, rows of 2 make bench runs merged in plots/results/NVIDIA-H200.csv:
+#    2026-11-30 (01_naive ... cublas, torch anchors), 2026-11-30 10:52 UTC (06_fa2 07_wgmma,
+#    torch anchors)"   (one line)
+# Files with the same GPU and the same runs share that line ("merged in A and B"); otherwise
+# each file is named with its own, "rows of several make bench runs: A (GPU, 2 runs merged:
+# ...); B (GPU, rows of D, commit C)". The rows of a stage are taken to come from the last run
+# whose line names it (the ceiling_* rows: the last run with anchors, see CEILINGS), and
+# --runs says so only where that run covered the directions, head dims and masks of the
+# file's first run (WHOLE = 1): its line then replaced all of the stage's rows. The numbers
+# that divide two stages' rows use it: the lessons' "STAGE vs OTHER" captions and the
+# README's ratio columns say whether both come from one run or from two, and the GEMM
+# ceiling's label and the io tables' copy clause name the run they were timed in instead of
+# "same run". The .runs lines do not record N (bench.sh's NS): a merge over fewer N than the
+# first run leaves older rows of its stages that no caption can tell apart.
 # CEILINGS: rows of the sweep CSV that are not stages (plots/anchors.py --gemm writes them in
 # the same bench run; no figure or table takes them for a stage):
 #   ceiling_gemm   a bf16 GEMM (N_q = its size, 8192^3) through torch.matmul: its tflops is
 #                  the dotted line of the TFLOP/s figures, labelled "bf16 GEMM 8192^3,
-#                  torch.matmul, same run", and the README table's "% of GEMM ceiling"
+#                  torch.matmul, same run" ("run of DATE" instead when the CSV holds rows of
+#                  several runs: SOURCES), and the README table's "% of GEMM ceiling"
 #   ceiling_copy   a device-to-device copy through torch: GB/s = B / median_ms, with B, the
 #                  bytes read + written, in its note ("bytes read + written = B"); no figure
 #                  draws it (none has a bandwidth axis); the lessons' io tables quote it when
 #                  the row is there (plots/docs_tables.sh), and say nothing of it when it is
-#                  not (the 2026-11-30 H200 CSV has none)
+#                  not (the first 2026-11-30 H200 run wrote none; the row in the H200 CSV is
+#                  the second run's)
 set -u
 cd "$(dirname "$0")/.." || exit 2
 # The GPU whose CSVs are read (see "Which GPU" above): empty is the default, the one GPU
 # with CSVs under plots/results/.
 GPU=${GPU:-}
 PLOTS_DIR=${PLOTS_DIR:-plots}
+TAB=$(printf '\t')
 # The ladder's tensor-core stages: compared with cuBLAS on the same hardware (speedup.png's
-# dashed lines, io_same_hardware.png).
-TC_STAGES="05_tensor_cores 06_fa2"
+# dashed lines, io_same_hardware.png). 07_wgmma has forward rows only: it adds a forward line.
+TC_STAGES="05_tensor_cores 06_fa2 07_wgmma"
 
 # gpus_here: the GPUs that have CSVs under plots/results/, one a line, in name order
 gpus_here() {
@@ -145,10 +172,73 @@ rows_date() {
 }
 # gpu_of CSV: the GPU its rows name (the gpu column of the first row)
 gpu_of() { awk -F, 'NR == 2 { print $1; exit }' "$1"; }
+# runs_of CSV: the runs in CSV.runs (see SOURCES), oldest first, one a line, tab-separated:
+# DATE, WHAT (its programs, "first ... last" when more than three, and its anchors), COVER
+# (its directions, head dims and masks) and NAMES (the stages it wrote rows of: the
+# programs, torch_<anchor>, and with anchors the ceiling_* rows). Nothing without CSV.runs.
+runs_of() {
+    [ -f "$1.runs" ] || return 0
+    awk 'NF > 0 {
+        i = index($0, ": programs")
+        date = i ? substr($0, 1, i - 1) : $0
+        sub(/ \(commit [0-9a-f]+\)$/, "", date)
+        np = na = 0; cover = names = what = ""
+        nf = split(i ? substr($0, i + 2) : "", f, "; ")
+        for (j = 1; j <= nf; j++) {
+            if (f[j] ~ /^programs /) np = split(substr(f[j], 10), p, " ")
+            else if (f[j] ~ /^anchors /) na = split(substr(f[j], 9), a, " ")
+            else if (f[j] ~ /^(dirs|sweep) /) cover = cover (cover == "" ? "" : "; ") f[j]
+        }
+        if (np == 1 && p[1] == "none") np = 0
+        if (na == 1 && a[1] == "none") na = 0
+        for (j = 1; j <= np; j++) {
+            names = names " " p[j]
+            if (np <= 3 || j == 1) what = what (j > 1 ? " " : "") p[j]
+            else if (j == np) what = what " ... " p[j]
+        }
+        for (j = 1; j <= na; j++) names = names " torch_" a[j]
+        if (na > 0) names = names " ceiling_gemm ceiling_copy"
+        if (na > 0) what = what (np > 0 ? ", " : "") (na == 1 ? "torch_" a[1] : "torch anchors")
+        printf "%s\t%s\t%s\t%s\n", date, (what == "" ? "nothing" : what), cover, substr(names, 2)
+    }' "$1.runs"
+}
+# runs_by_stage CSV: for a CSV of several runs, one line per stage named in its .runs file:
+# STAGE, RUN (1 = the oldest), DATE of that run, WHOLE (1: that run covered what the first
+# did, so all the stage's rows are from it); see SOURCES. Nothing for one run.
+runs_by_stage() {
+    runs_of "$1" | awk -F '\t' '
+        { d[NR] = $1; c[NR] = $3; n = split($4, s, " "); for (j = 1; j <= n; j++) last[s[j]] = NR }
+        END { if (NR > 1) for (x in last) printf "%s\t%d\t%s\t%d\n", x, last[x], d[last[x]], c[last[x]] == c[1] }' | sort
+}
 # sources [--md] CSV...: where the numbers of a figure or table come from (see SOURCES)
 sources() {
     q= mb="make bench"
     if [ "${1:-}" = --md ]; then q='`' mb='`make bench`'; shift; fi
+    # files of several runs (their .runs files): "K<tab>date (what), date (what)" of each
+    several=0
+    for f in "$@"; do
+        [ -z "$(runs_of "$f" | sed -n 2p)" ] || several=1
+    done
+    if [ "$several" = 1 ]; then
+        same=1 first= files= each=
+        for f in "$@"; do
+            g=$(gpu_of "$f")
+            r=$(runs_of "$f" | awk -F '\t' '{ printf "%s%s (%s)", (NR > 1 ? ", " : ""), $1, $2 } END { if (NR > 1) printf "\t%d", NR }')
+            k=; case $r in *"$TAB"*) k=${r##*"$TAB"} r=${r%"$TAB"*} ;; esac
+            if [ -z "$first" ]; then first="$g|$k|$r"
+            elif [ "$first" != "$g|$k|$r" ]; then same=0; fi
+            [ -n "$k" ] || same=0
+            files="$files${files:+ and }$q$f$q"
+            if [ -n "$k" ]; then each="$each${each:+; }$q$f$q ($g, $k runs merged: $r)"
+            else
+                c=$(commit_of "$f") d=$(rows_date "$f")
+                each="$each${each:+; }$q$f$q ($g, rows of $d${c:+, commit $c})"
+            fi
+        done
+        if [ "$same" = 1 ]; then echo "$g, rows of $k $mb runs merged in $files: $r"
+        else echo "rows of several $mb runs: $each"; fi
+        return
+    fi
     one=1 first= files= each= n=0
     for f in "$@"; do
         c=$(commit_of "$f") g=$(gpu_of "$f") d=$(rows_date "$f")
@@ -171,6 +261,7 @@ case ${1:-} in
     --gpu) if [ -n "$GPU" ]; then echo "$GPU"; else gpu_of "$MAIN"; fi; exit 0 ;;
     --date) rows_date "${2:-$MAIN}"; exit 0 ;;
     --sources) shift; sources "$@"; exit 0 ;;
+    --runs) runs_by_stage "${2:?usage: plots.sh --runs CSV}"; exit 0 ;;
 esac
 if [ ! -s "$LONG" ]; then
     echo "plots: no $LONG: long_context.png skipped, workspace.png without its long-context panel"
@@ -194,13 +285,19 @@ mkdir -p "$PLOTS_DIR" || exit 2
 GPU_NAME=$(gpu_of "$MAIN")
 DATE=$(rows_date "$MAIN")
 # the SOURCES line closing each figure's heading: the sweep; the sweep and the long-context
-# runs (workspace.png); the long-context runs; the bytes
-SRC_MAIN=$(sources "$MAIN")
-SRC_WS=$(sources "$MAIN" ${LONG:+"$LONG"})
-[ -z "$LONG" ] || SRC_LONG=$(sources "$LONG")
-[ -z "$BYTES" ] || SRC_BYTES=$(sources "$BYTES")
+# runs (workspace.png); the long-context runs; the bytes. A line that names several runs is
+# too long for one line of a heading: it is broken after the files and between files ("\n").
+fig_sources() {
+    case $1 in
+        *" runs merged"*) printf '%s\n' "$1" | sed 's/\( runs merged in [^:]*\): /\1:\\n/; s/); /);\\n/g' ;;
+        *) printf '%s\n' "$1" ;;
+    esac
+}
+SRC_MAIN=$(fig_sources "$(sources "$MAIN")")
+SRC_WS=$(fig_sources "$(sources "$MAIN" ${LONG:+"$LONG"})")
+[ -z "$LONG" ] || SRC_LONG=$(fig_sources "$(sources "$LONG")")
+[ -z "$BYTES" ] || SRC_BYTES=$(fig_sources "$(sources "$BYTES")")
 MODELS=$(cat plots/bytes_model.awk) || exit 2
-TAB=$(printf '\t')
 echo "plots: $MAIN${LONG:+, $LONG}${BYTES:+, $BYTES} ($GPU_NAME, rows of $DATE), $term terminal"
 
 # Every stage gets one linetype (colour, dash, point), the same in every figure: numbered
@@ -491,7 +588,9 @@ shape="bf16, 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d)"
 # The GEMM ceiling's key entry and its label on the line: its source (CEILINGS above)
 cube=³; [ "$term" = pngcairo ] || cube=^3   # libgd's png terminal: no UTF-8
 ceiling_title="GEMM ceiling ($(printf '%.0f' "$ceiling") TFLOP/s)"
-ceiling_label="$ceil_t GEMM $ceil_n$cube, torch.matmul, same run"
+# "same run" for a CSV of one run; else the run the ceiling_gemm row is from (SOURCES)
+ceil_run=$(runs_by_stage "$MAIN" | awk -F "$TAB" '$1 == "ceiling_gemm" { r = "run of " $3 } END { print (NR ? r : "same run") }')
+ceiling_label="$ceil_t GEMM $ceil_n$cube, torch.matmul${ceil_run:+, $ceil_run}"
 for dir in forward backward; do
     for d in 64 128; do
         begin
@@ -543,7 +642,7 @@ for dir in forward backward; do
     hline "$p" "$ceiling" "$ceiling_title" "$ceiling_label"
     p=$((p + 1))
 done
-draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM) vs FA-1 (05_tensor_cores) and FA-2 (06_fa2)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half)\n$SRC_MAIN"
+draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM)\nvs FA-1 (05_tensor_cores), FA-2 (06_fa2) and FA-2's forward on wgmma (07_wgmma, no backward)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half)\n$SRC_MAIN"
 
 # bytes.png: measured DRAM bytes against the models
 if [ -n "$BYTES" ]; then
