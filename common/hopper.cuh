@@ -242,51 +242,38 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
     " wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " ACC ", {" A0 ", " A1     \
     ", " A2 ", " A3 "}, " B ", p, 1, 1, 1;\n}\n"
 
-/* m64n64k16 and m64n128k16, both operands from shared memory (fp16: a literal at the call). */
-static __device__ __forceinline__ void wgmma_ss_n64(float d[32], uint64_t a, uint64_t b,
-                                                    int scale_d, int fp16)
-{
-    if (fp16) asm volatile(WGMMA_SS("64", "f16", WGMMA_ACC_32, "%32", "%33", "%34")
-                           : WGMMA_D32(d) : "l"(a), "l"(b), "r"(scale_d));
-    else      asm volatile(WGMMA_SS("64", "bf16", WGMMA_ACC_32, "%32", "%33", "%34")
-                           : WGMMA_D32(d) : "l"(a), "l"(b), "r"(scale_d));
-}
+/* One wrapper per shape, written by these two macros: wgmma_ss_n<N>(d, a, b, scale_d, fp16) and
+ * wgmma_rs_n<N>(d, a[4], b, scale_d, fp16), d holding N/2 floats per thread. NACC, ACC and
+ * DOUT are the accumulator count and lists above; the other arguments are the %-numbers of
+ * the operands after them. fp16 is a literal at every call, so one asm statement remains. */
+#define WGMMA_SS_FN(N, NACC, ACC, DOUT, A, B, SC)                                                  \
+    static __device__ __forceinline__ void wgmma_ss_n##N(float d[NACC], uint64_t a, uint64_t b,    \
+                                                         int scale_d, int fp16)                    \
+    {                                                                                              \
+        if (fp16) asm volatile(WGMMA_SS(#N, "f16", ACC, A, B, SC)                                  \
+                               : DOUT(d) : "l"(a), "l"(b), "r"(scale_d));                          \
+        else      asm volatile(WGMMA_SS(#N, "bf16", ACC, A, B, SC)                                 \
+                               : DOUT(d) : "l"(a), "l"(b), "r"(scale_d));                          \
+    }
+#define WGMMA_RS_FN(N, NACC, ACC, DOUT, A0, A1, A2, A3, B, SC)                                     \
+    static __device__ __forceinline__ void wgmma_rs_n##N(float d[NACC], const uint32_t a[4],       \
+                                                         uint64_t b, int scale_d, int fp16)        \
+    {                                                                                              \
+        if (fp16) asm volatile(WGMMA_RS(#N, "f16", ACC, A0, A1, A2, A3, B, SC)                     \
+                               : DOUT(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),     \
+                                 "r"(scale_d));                                                    \
+        else      asm volatile(WGMMA_RS(#N, "bf16", ACC, A0, A1, A2, A3, B, SC)                    \
+                               : DOUT(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),     \
+                                 "r"(scale_d));                                                    \
+    }
 
-static __device__ __forceinline__ void wgmma_ss_n128(float d[64], uint64_t a, uint64_t b,
-                                                     int scale_d, int fp16)
-{
-    if (fp16) asm volatile(WGMMA_SS("128", "f16", WGMMA_ACC_64, "%64", "%65", "%66")
-                           : WGMMA_D64(d) : "l"(a), "l"(b), "r"(scale_d));
-    else      asm volatile(WGMMA_SS("128", "bf16", WGMMA_ACC_64, "%64", "%65", "%66")
-                           : WGMMA_D64(d) : "l"(a), "l"(b), "r"(scale_d));
-}
+/* m64n64k16 and m64n128k16 with both operands from shared memory (S = Q Kᵀ). */
+WGMMA_SS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, "%32", "%33", "%34")
+WGMMA_SS_FN(128, 64, WGMMA_ACC_64, WGMMA_D64, "%64", "%65", "%66")
 
-/* m64n64k16, m64n128k16 and m64n256k16 with A from registers. */
-static __device__ __forceinline__ void wgmma_rs_n64(float d[32], const uint32_t a[4], uint64_t b,
-                                                    int scale_d, int fp16)
-{
-    if (fp16) asm volatile(WGMMA_RS("64", "f16", WGMMA_ACC_32, "%32", "%33", "%34", "%35", "%36", "%37")
-                           : WGMMA_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
-    else      asm volatile(WGMMA_RS("64", "bf16", WGMMA_ACC_32, "%32", "%33", "%34", "%35", "%36", "%37")
-                           : WGMMA_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
-}
-
-static __device__ __forceinline__ void wgmma_rs_n128(float d[64], const uint32_t a[4], uint64_t b,
-                                                     int scale_d, int fp16)
-{
-    if (fp16) asm volatile(WGMMA_RS("128", "f16", WGMMA_ACC_64, "%64", "%65", "%66", "%67", "%68", "%69")
-                           : WGMMA_D64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
-    else      asm volatile(WGMMA_RS("128", "bf16", WGMMA_ACC_64, "%64", "%65", "%66", "%67", "%68", "%69")
-                           : WGMMA_D64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
-}
-
-static __device__ __forceinline__ void wgmma_rs_n256(float d[128], const uint32_t a[4], uint64_t b,
-                                                     int scale_d, int fp16)
-{
-    if (fp16) asm volatile(WGMMA_RS("256", "f16", WGMMA_ACC_128, "%128", "%129", "%130", "%131", "%132", "%133")
-                           : WGMMA_D128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
-    else      asm volatile(WGMMA_RS("256", "bf16", WGMMA_ACC_128, "%128", "%129", "%130", "%131", "%132", "%133")
-                           : WGMMA_D128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
-}
+/* m64n64k16, m64n128k16 and m64n256k16 with A from registers (O += P V, N = d). */
+WGMMA_RS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, "%32", "%33", "%34", "%35", "%36", "%37")
+WGMMA_RS_FN(128, 64, WGMMA_ACC_64, WGMMA_D64, "%64", "%65", "%66", "%67", "%68", "%69")
+WGMMA_RS_FN(256, 128, WGMMA_ACC_128, WGMMA_D128, "%128", "%129", "%130", "%131", "%132", "%133")
 
 #endif /* ATTN_HOPPER_CUH */

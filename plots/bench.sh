@@ -318,7 +318,7 @@ reverse_words() { r=; for w in "$@"; do r="$w${r:+ $r}"; done; echo "$r"; }
 
 echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; merge=$MERGE"
 # what this run measures, for the .runs file of each CSV it writes (see finish_csv)
-RUN_LINE="$(date -u '+%Y-%m-%d %H:%M UTC'): programs${programs:- none}; anchors ${anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS"
+RUN_LINE="$(date -u '+%Y-%m-%d %H:%M UTC'): programs${programs:- none}; anchors ${anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS"
 if [ "$SWEEP" != 0 ]; then
     start_csv "$CSV"
     total=$(( $(count_words $programs) * $(count_words $DIRS) * $(count_words $DIMS) *
