@@ -32,9 +32,9 @@
 #define BOX_ROW     128   /* bytes per row of such a box */
 #define SWIZZLE_ATOM 1024 /* 8 rows x 128 bytes: the swizzle's period and the boxes' alignment */
 /* A wait on an mbarrier longer than this is a deadlock (a lost arrive, a wrong phase, a TMA
- * that never completes): the thread traps, so the launch fails with an error (the harness names
- * the shape) instead of hanging. A real wait is microseconds; the sanitizers slow it a
- * hundredfold. (No printf: a function call in a kernel makes ptxas serialise every wgmma.) */
+ * that never completes): the launch is made to fail (hopper_fail), so the harness reports an
+ * error naming the shape instead of hanging. A real wait is microseconds; the sanitizers slow
+ * it a hundredfold. */
 #define MBAR_TIMEOUT_NS 10000000000ull
 
 /* ---- host: tensor maps ------------------------------------------------------------------- */
@@ -122,6 +122,15 @@ static __device__ __forceinline__ uint64_t global_ns(void)
     return t;
 }
 
+/* End the kernel with an error the host sees (an illegal-address fault: a store to address 0),
+ * where a program cannot go on. Not `trap`, nor printf: with a trap anywhere in a setmaxnreg
+ * region, ptxas (nvcc 13.0) compiles the region with the register count at kernel entry, and
+ * spills; a function call makes it serialise every wgmma (C7510). */
+static __device__ __forceinline__ void hopper_fail(void)
+{
+    asm volatile("st.global.u32 [%0], 0;\n exit;\n" :: "l"((uint64_t)0) : "memory");
+}
+
 /* Wait for the phase of parity `parity` (a barrier's phases alternate 0, 1, 0, ...: a ring of
  * S stages waits on parity (j / S) % 2 for its j-th use). Bounded: see MBAR_TIMEOUT_NS. */
 static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
@@ -129,7 +138,7 @@ static __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
     if (mbar_try_wait(bar, parity)) return;
     const uint64_t start = global_ns();
     while (!mbar_try_wait(bar, parity))
-        if (global_ns() - start > MBAR_TIMEOUT_NS) __trap();
+        if (global_ns() - start > MBAR_TIMEOUT_NS) hopper_fail();
 }
 
 /* ---- device: TMA --------------------------------------------------------------------------- */
@@ -144,6 +153,54 @@ static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorM
                  " [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
+
+/* Store a box from shared memory at src (1024-byte aligned, the same swizzled layout) to the
+ * tensor at coordinates (c0, c1, c2, c3); rows past the tensor's end are not written. One
+ * thread; the copy runs on after the instruction: commit it, and wait (bulk_wait_read_0)
+ * before the shared memory is reused or the block exits. */
+static __device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, uint32_t src, int c0,
+                                                    int c1, int c2, int c3)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+
+/* Close this thread's bulk stores issued so far into a group; wait until every group has read
+ * its shared memory (the global writes may still be in flight: the kernel's end flushes them). */
+static __device__ __forceinline__ void bulk_commit(void)
+{
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+static __device__ __forceinline__ void bulk_wait_read_0(void)
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* ---- device: named barriers and register reallocation (warp specialisation) --------------- */
+
+/* Named barrier id (1..15; 0 is __syncthreads'): bar_sync waits until `threads` threads (a
+ * multiple of 32) have arrived at it, counting itself; bar_arrive counts this thread and goes
+ * on. Two warpgroups hand a turn over with them: one syncs on its barrier (128 threads), the
+ * other arrives on it (128 more). */
+static __device__ __forceinline__ void bar_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+static __device__ __forceinline__ void bar_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+/* Give registers back to the SM (dec) or take them (inc): every thread of the warpgroup, the
+ * count a literal multiple of 8 in 24..256. ptxas honours it only in a kernel with a register
+ * cap at entry (__launch_bounds__(threads, 1)) whose roles are the branches of one if/else;
+ * otherwise it says so (C7508), which the static check rejects. */
+#define SETMAXNREG_DEC(n) SETMAXNREG_("dec", n)
+#define SETMAXNREG_INC(n) SETMAXNREG_("inc", n)
+#define SETMAXNREG_(op, n) SETMAXNREG_STR_(op, n)   /* expands n (a macro) before the # below */
+#define SETMAXNREG_STR_(op, n) asm volatile("setmaxnreg." op ".sync.aligned.u32 " #n ";\n" ::: "memory")
 
 /* Ordinary shared-memory writes of this thread become visible to the async proxy (a TMA store
  * or a wgmma reading what st.shared or stmatrix wrote); a barrier follows. */

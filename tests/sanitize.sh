@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every stage program,
 # forward and backward, at small odd shapes (the last one big enough that tiled stages also
-# run tiles that need no mask). Any finding fails; a shape a stage refuses
+# run tiles that need no mask; the head dim 256 one only the Hopper stages run). Any finding fails; a shape a stage refuses
 # (exit 2, e.g. a stage without a backward pass) is reported as skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
 set -u
@@ -10,7 +10,8 @@ tools="memcheck racecheck initcheck synccheck"
 shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 33 --dim 128"
         "--batch 1 --heads 2 --seqlen-q 17 --seqlen-k 45 --dim 64 --causal"
-        "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 128 --causal")
+        "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 128 --causal"
+        "--batch 1 --heads 2 --kv-heads 1 --seqlen 150 --dim 256 --causal --dtype fp16")
 command -v "$san" >/dev/null 2>&1 || { echo "sanitize: $san not found"; exit 2; }
 logdir=$build/sanitize
 mkdir -p "$logdir"

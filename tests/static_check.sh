@@ -10,7 +10,8 @@
 #     performance warning C75xx (C7508 setmaxnreg ignored, C7510 wgmma serialised at a function
 #     call, C7511 too few registers, C7515 wgmma serialised by accumulator use, C7519 warpgroup
 #     arrive inserted); with cuobjdump (the toolkit's, or on PATH) its SASS has HGMMA and UTMALDG
-#     (without one, that part is reported as not checked).
+#     (without one, that part is reported as not checked). A warp-specialised one (it uses
+#     SETMAXNREG_*) also has setmaxnreg, bar.sync and bar.arrive in its PTX.
 set -u
 build=$1; shift
 stages_dir=${STAGES_DIR:-stages}
@@ -51,6 +52,15 @@ for s in "$@"; do
             echo "static check: $s: no $insn in its PTX ($ptx): not on Hopper's asynchronous path"; fail=1
         fi
     done
+    # a warp-specialised stage (it calls SETMAXNREG_*) moves registers between its roles and
+    # hands turns over by named barriers: both must be in its PTX
+    if grep -q 'SETMAXNREG_' "$stages_dir/$s/attention.cu"; then
+        for insn in setmaxnreg bar.sync bar.arrive; do
+            if ! grep -q "$insn" "$ptx" 2>/dev/null; then
+                echo "static check: $s: no $insn in its PTX ($ptx), though the stage is warp-specialised"; fail=1
+            fi
+        done
+    fi
     if grep -q '(C75[0-9][0-9])' "$log"; then
         echo "static check: $s: ptxas performance warnings:"
         grep '(C75[0-9][0-9])' "$log" | sed 's/^/    /'; fail=1

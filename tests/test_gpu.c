@@ -319,3 +319,78 @@ Test(gpu, small_shared_memory, .timeout = 300)
     cr_assert_eq(rc, 2, "%s exited %d, expected 2 (refused):\n%s", cmd, rc, buf);
     cr_assert(strstr(buf, "shared memory") != NULL, "expected the reason:\n%s", buf);
 }
+
+/* The schedule switches of 08_fa3 (ATTN_FA3, see its header), each on its own and all together,
+ * against the oracle at odd shapes: every head dim, causal and not, GQA, fp16. The stage reads
+ * the variable at each call, so setenv between runs picks the schedule. An unknown switch is
+ * refused with the reason. */
+Test(gpu, fa3_switches_against_oracle, .timeout = 600)
+{
+    need_gpu();
+    const attn_stage *st = NULL;
+    for (int i = 0; i < attn_nstages; i++)
+        if (!strcmp(attn_stages[i]->name, "08_fa3")) st = attn_stages[i];
+    if (!st) cr_skip_test("08_fa3 not built");
+    static const char *const switches[] = { "", "nopingpong", "nooverlap", "nows", "stages=1",
+                                            "pingpong", "nopingpong,nooverlap,nows,stages=1" };
+    static const struct { int B, H, H_kv, N, d, causal, fp16; } shapes[] = {
+        { 2, 4, 2, 1000, 128, 1, 0 }, { 1, 2, 2, 255, 64, 0, 1 }, { 2, 2, 1, 17, 256, 1, 0 },
+        { 1, 2, 2, 4097, 64, 1, 0 }, { 1, 2, 1, 300, 256, 0, 1 } };
+    int failures = 0, ran = 0;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N,
+                                      shapes[k].N, shapes[k].d, shapes[k].causal);
+        p.dtype = shapes[k].fp16 ? ATTN_FP16 : ATTN_BF16;
+        attn_host in;
+        cr_assert_eq(attn_host_alloc(&in, &p, 0), 0);
+        attn_host_fill(&in, test_seed(3000 + k), ATTN_INPUT_NORMAL);
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&in, ATTN_FORWARD, NULL, &r), 0);
+        for (size_t w = 0; w < sizeof switches / sizeof switches[0]; w++) {
+            setenv("ATTN_FA3", switches[w], 1);
+            attn_host t;
+            cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+            copy_inputs(&t, &in);
+            attn_run_info info;
+            attn_run_opts opts = { 0, 1 };
+            const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
+            char shape[256];
+            attn_problem_str(&p, st->name, ATTN_FORWARD, shape, sizeof shape);
+            if (rs == ATTN_RUN_REFUSED) {
+                fprintf(stderr, "[INFO] %s ATTN_FA3=%s: refused: %s\n", shape, switches[w], info.why);
+            } else if (rs != ATTN_RUN_OK) {
+                fprintf(stderr, "%s ATTN_FA3=%s: %s\n", shape, switches[w], info.why);
+                failures++;
+            } else {
+                attn_cmp c[5];
+                int nc;
+                ran++;
+                if (attn_compare_all(c, &nc, &t, ATTN_FORWARD, &r, NULL)) {
+                    char what[512];
+                    snprintf(what, sizeof what, "%s ATTN_FA3=%s: FAIL against the oracle", shape, switches[w]);
+                    print_cmp(what, c, nc);
+                    failures++;
+                }
+            }
+            attn_host_free(&t);
+        }
+        attn_ref_free(&r);
+        attn_host_free(&in);
+    }
+    setenv("ATTN_FA3", "fast", 1);   /* not a switch */
+    attn_problem p = test_problem(1, 2, 2, 17, 17, 64, 0);
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, test_seed(3100), ATTN_INPUT_NORMAL);
+    attn_run_info info;
+    attn_run_opts opts = { 0, 1 };
+    const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
+    attn_host_free(&t);
+    unsetenv("ATTN_FA3");
+    if (!ran && rs == ATTN_RUN_REFUSED && !strstr(info.why, "ATTN_FA3"))
+        cr_skip_test("08_fa3 refused every run: %s", info.why);   /* not a compute capability 9.0 GPU */
+    cr_assert_eq(rs, ATTN_RUN_REFUSED, "ATTN_FA3=fast was not refused");
+    cr_assert(strstr(info.why, "unknown switch 'fast'") != NULL, "refusal without the reason: %s", info.why);
+    cr_assert_eq(failures, 0, "08_fa3: %d switch runs failed", failures);
+    cr_assert(ran > 0, "08_fa3 ran nothing");
+}

@@ -157,7 +157,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     /* The barriers: Q's, and one per stage, each completed by one arrive (the loading thread's)
      * plus the bytes of its TMA copies. Then Q_i and the first STAGES - 1 tiles of K, V. */
     if (threadIdx.x == 0) {
-        if (Q_i % SWIZZLE_ATOM) __trap();   /* the swizzled boxes need 1024-byte alignment */
+        if (Q_i % SWIZZLE_ATOM) hopper_fail();   /* the swizzled boxes need 1024-byte alignment */
         for (int s = 0; s <= STAGES; s++) mbar_init(bar_q + 8 * s, 1);
         mbar_fence_init();
     }

@@ -1,0 +1,559 @@
+/* stages/08_fa3/attention.cu: FlashAttention-3's forward (sm_90a).
+ *
+ * Changed from 07_wgmma: the same instructions (TMA, mbarriers, wgmma), FA-3's schedule
+ * (arXiv 2407.08608, Algorithms 1 and 2):
+ * - Warp specialisation: a producer warpgroup gives its registers back (setmaxnreg.dec) and one
+ *   of its threads issues every TMA load; the consumer warpgroups take them (setmaxnreg.inc)
+ *   and compute. K and V have rings of their own, each stage a `full` mbarrier (the bytes
+ *   landed) and an `empty` one (every consumer warp has finished reading it): no block barrier.
+ * - Ping-pong: named barriers pass the turn to issue products from one consumer to the next,
+ *   so one warpgroup's softmax runs while another's products run.
+ * - Intra-warpgroup overlap: O += P_{j-1} V_{j-1} is issued with S_j = Q K_jᵀ and waited for
+ *   after the softmax of tile j, so the exponentials can run under the warpgroup's own product.
+ * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store.
+ * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
+ *   list of nopingpong, nooverlap, nows (the loads issued by a consumer thread, as in 07),
+ *   stages=1; pingpong turns it on at d = 256, where it is off by default.
+ * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
+ *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
+ * Tiles: Bc = 128 keys (64 at d = 256), 2-stage rings, one block per SM; Br = 128 rows (two
+ *   consumers, 240 registers a thread) at d = 128 and 256, 192 (three consumers, 160
+ *   registers) at d = 64; the producer keeps 24.
+ * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 160 KiB at d = 128.
+ * Forward only; compute capability 9.0 only (sm_90a code).
+ *
+ * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
+ *      ATTN_FA3=nopingpong,nooverlap build/08_fa3 --seqlen 8192 --dim 128 --bench
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "attn_device.cuh"
+#include "mma.cuh"
+#include "hopper.cuh"
+
+#define QUAD    4     /* lanes that share a row of an accumulator */
+#define Br(d)   ((d) == 64 ? 192 : 128)   /* query rows per block: a Q_i tile */
+#define Bc(d)   ((d) <= 128 ? 128 : 64)   /* keys per K_j, V_j tile */
+#define CONSUMERS(d) (Br(d) / WG_ROWS)    /* consumer warpgroups, 64 query rows each */
+#define THREADS(d) ((1 + CONSUMERS(d)) * WARPGROUP)   /* and the producer (warpgroup 0) */
+#define STAGES  2     /* K_j (and V_j) buffers in each ring */
+/* Registers a thread after setmaxnreg, producer and consumers: 24 x 128 + 240 x 256 and
+ * 24 x 128 + 160 x 384 (three consumers) fit the SM's 64 K. Literals: setmaxnreg takes no
+ * variable. */
+#define PRODUCER_REGS 24
+#define CONSUMER_REGS_2 240
+#define CONSUMER_REGS_3 160
+#define BAR_TURN 1    /* named barrier BAR_TURN + c: consumer c's turn to issue its products */
+#define BAR_EPI  4    /* BAR_EPI + c: consumer c's O is in shared memory */
+#define MMA_N   8     /* columns of an accumulator tile (the layout is mma.sync's m16n8) */
+#define CHUNK   8     /* 16-bit elements in 16 bytes */
+#define D_MAX   256   /* largest head dim supported */
+
+/* The schedule's switches (ATTN_FA3, parsed by the host). */
+typedef struct { int pingpong, overlap, ws, stages; } fa3_opts;
+
+/* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x
+ * K_j [Bc][d]; STAGES x V_j [Bc][d]; then the mbarriers: Q's, and full K, full V, empty K,
+ * empty V, STAGES of each. */
+typedef struct { uint32_t Q, K, V, bar_q, full_k, full_v, empty_k, empty_v; } fa3_smem;
+
+static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
+{
+    return (size_t)(Br(d) + STAGES * 2 * Bc(d)) * d * 2 + (1 + 4 * STAGES) * sizeof(uint64_t);
+}
+
+static __device__ __forceinline__ fa3_smem smem_layout(int d)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    fa3_smem m;
+    const uint32_t tile = Bc(d) * d * 2;
+    m.Q = smem_u32(smem);
+    m.K = m.Q + Br(d) * d * 2;
+    m.V = m.K + STAGES * tile;
+    m.bar_q = m.V + STAGES * tile;
+    m.full_k = m.bar_q + 8;
+    m.full_v = m.full_k + 8 * STAGES;
+    m.empty_k = m.full_v + 8 * STAGES;
+    m.empty_v = m.empty_k + 8 * STAGES;
+    return m;
+}
+
+/* Keys that query i sees: all N_k, or keys 0 .. i when causal (key 0 always, also when
+ * N_q > N_k). */
+static __device__ __forceinline__ int visible_keys(const attn_problem p, int i)
+{
+    return p.causal ? min(i + 1, p.N_k) : p.N_k;
+}
+
+/* Max and sum over the QUAD lanes that share a row of an accumulator tile. */
+static __device__ __forceinline__ float row_max(float x)
+{
+    for (int o = 1; o < QUAD; o *= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+static __device__ __forceinline__ float row_sum(float x)
+{
+    for (int o = 1; o < QUAD; o *= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* Byte offset of 16-byte chunk c (columns 8c .. 8c+7) of row r in a tile of `rows` rows made
+ * of 64-column boxes: box c / 8, chunk c % 8 of the row there, swizzled as the TMA wrote it. */
+static __device__ __forceinline__ uint32_t tile_at(int r, int c, int rows)
+{
+    return (c / CHUNK) * rows * BOX_ROW + box_swz(r, c % CHUNK);
+}
+
+/* Tile j's stage in a ring of `stages` (1 or 2) and the parity of that stage's phase for it:
+ * selects, not a division by a run-time value (an integer division is ~20 instructions). */
+static __device__ __forceinline__ int ring_stage(int j, int stages)
+{
+    return stages == 1 ? 0 : j & 1;
+}
+
+static __device__ __forceinline__ uint32_t ring_parity(int j, int stages)
+{
+    return (stages == 1 ? j : j >> 1) & 1;
+}
+
+/* The producer's two steps for tile j (keys j0 .. j0+Bc-1 of kv head h_kv): wait until every
+ * consumer warp has released the ring stage tile j uses (its empty barrier's previous phase;
+ * the first lap passes at once), arm the stage's full barrier with the tile's bytes and issue
+ * one TMA load per 64-column box. One thread. */
+static __device__ __forceinline__ void load_tile(uint32_t ring, uint32_t full, uint32_t empty,
+                                                 const CUtensorMap *map, int b, int h_kv, int j,
+                                                 int d, int stages)
+{
+    const int bc = Bc(d), tile_bytes = bc * d * 2, s = ring_stage(j, stages);
+    mbar_wait(empty + 8 * s, ring_parity(j, stages) ^ 1);
+    mbar_arrive_expect_tx(full + 8 * s, tile_bytes);
+    for (int c = 0; c < d / BOX_COLS; c++)
+        tma_load_4d(ring + s * tile_bytes + c * bc * BOX_ROW, map, c * BOX_COLS, j * bc, h_kv, b,
+                    full + 8 * s);
+}
+
+/* Epilogue: a warp puts its accumulators, rounded in pairs, into its own rows of the Q_i tile
+ * (row r, columns col, col + 1), in the swizzled layout the TMA store reads. */
+static __device__ __forceinline__ void put_pair(int r, int col, uint32_t v, int rows)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    *(uint32_t *)(smem + tile_at(r, col / CHUNK, rows) + col % CHUNK * 2) = v;
+}
+
+/* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
+ * s holds n_tiles accumulator tiles along the keys; this thread's entries are rows row and
+ * row + 8, keys key + MMA_N * n + {0, 1}. */
+static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, int row, int key,
+                                                   int N_k, int causal)
+{
+#pragma unroll
+    for (int n = 0; n < n_tiles; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int k = key + MMA_N * n + c % 2, r = row + 8 * (c / 2);
+            if (k >= N_k || (causal && k > r)) s[n][c] = -INFINITY;
+        }
+}
+
+/* What a consumer warpgroup keeps across the steps of its loop, and where its tiles are. */
+typedef struct {
+    const attn_problem *p;
+    const fa3_opts *f;
+    const CUtensorMap *tmK, *tmV;
+    int cw, b, h_kv, Tc, row0, row, loader;
+} consumer;
+
+/* Step j of a consumer's loop: in its turn, issue S_j = Q_i K_jᵀ (has_s: j < Tc) and
+ * O += P_{j-1} V_{j-1} (has_pv: j > 0); then the softmax of S_j, while the second product runs
+ * (overlap) or after it; then rescale O and pack P_j for the next step. has_s, has_pv, masked,
+ * overlap, d and fp16 are literals at each call: no wgmma sits behind a run-time branch (ptxas
+ * would serialise them all, C7520), and no branch lies between the PV product and its wait
+ * (ptxas puts the wait before the first branch it meets, so a run-time "if (tile needs a
+ * mask)" there would leave nothing to overlap): tiles that need a mask run a copy of the step
+ * with it, the others a copy without. In the accumulators, warp w of the warpgroup and lane l
+ * hold rows 16w + l/4 and 16w + l/4 + 8, columns 8n + 2(l%4) + {0, 1} of every 8-column tile n,
+ * as in 07. */
+static __device__ __forceinline__ void consumer_step(const consumer *c, int j, float s[][4],
+                                                     float o[][4], uint32_t pa[][4], float m[2],
+                                                     float l[2], const int has_s, const int has_pv,
+                                                     const int masked, const int overlap,
+                                                     const int d, const int fp16)
+{
+    const attn_problem p = *c->p;
+    const fa3_smem sm = smem_layout(d);   /* constants: the offsets of a fixed layout */
+    const int bc = Bc(d), tile_bytes = bc * d * 2, S = c->f->stages, lane = threadIdx.x % WARP;
+    const int j0 = j * bc, st = ring_stage(j, S), pv = ring_stage(j + 1, S);   /* pv: tile j-1's */
+    if (c->loader && j + S - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
+        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, d, S);
+    /* Both tiles have landed before the first wgmma: a wait loop between two wgmmas would be a
+     * divergent path there. */
+    if (has_s) mbar_wait(sm.full_k + 8 * st, ring_parity(j, S));
+    if (has_pv) mbar_wait(sm.full_v + 8 * pv, ring_parity(j - 1, S));
+
+    if (c->f->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
+    wgmma_fence();
+    if (has_s) {   /* S_j = Q_i K_jᵀ: the first group */
+        const uint64_t stage = (uint64_t)(st * tile_bytes) >> 4;
+#pragma unroll
+        for (int k = 0; k < d / WGMMA_K; k++) {
+            const int box = k * WGMMA_K / BOX_COLS, in_box = k * WGMMA_K % BOX_COLS * 2;
+            const uint64_t a_k = wgmma_desc(sm.Q + c->cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM) +
+                                 ((box * Br(d) * BOX_ROW + in_box) >> 4);
+            const uint64_t b_k = wgmma_desc(sm.K, 16, SWIZZLE_ATOM) + stage + ((box * bc * BOX_ROW + in_box) >> 4);
+            if (bc == 128) wgmma_ss_n128(&s[0][0], a_k, b_k, k > 0, fp16);
+            else           wgmma_ss_n64(&s[0][0], a_k, b_k, k > 0, fp16);
+        }
+        wgmma_commit();
+    }
+    if (has_pv) {   /* O += P_{j-1} V_{j-1}: the second */
+        const uint64_t stage = (uint64_t)(pv * tile_bytes) >> 4;
+#pragma unroll
+        for (int k = 0; k < bc / WGMMA_K; k++) {
+            const uint64_t b_k = wgmma_desc(sm.V, bc * BOX_ROW, SWIZZLE_ATOM) + stage + ((k * WGMMA_K * BOX_ROW) >> 4);
+            if (d == 64)       wgmma_rs_n64(&o[0][0], pa[k], b_k, 1, fp16);
+            else if (d == 128) wgmma_rs_n128(&o[0][0], pa[k], b_k, 1, fp16);
+            else               wgmma_rs_n256(&o[0][0], pa[k], b_k, 1, fp16);
+        }
+        wgmma_commit();
+    }
+    if (c->f->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
+
+    float alpha[2];
+    if (has_s) {
+        /* S_j is final once at most the PV group is still in flight (overlap), or none. */
+        if (has_pv && overlap) wgmma_wait_1();
+        else                   wgmma_wait_0();
+        wgmma_hold(&s[0][0], bc / 2);
+        if (lane == 0) mbar_arrive(sm.empty_k + 8 * st);   /* this warp is done with K_j */
+        if (masked) mask_scores(s, bc / MMA_N, c->row, j0 + 2 * (lane % QUAD), p.N_k, p.causal);
+
+        /* Online softmax in the log2 domain, as in 06 and 07. */
+        float m_use[2], l_tile[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < bc / MMA_N; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            const float m_new = fmaxf(m[r], row_max(mx) * (p.scale * LOG2E));
+            m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[r] = exp2_fast(m[r] - m_use[r]);
+            m[r] = m_new;
+            l_tile[r] = 0.0f;
+        }
+#pragma unroll
+        for (int n = 0; n < bc / MMA_N; n++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                s[n][k] = exp2_fast(fmaf(s[n][k], (p.scale * LOG2E), -m_use[k / 2]));   /* P_ij */
+                l_tile[k / 2] += s[n][k];
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) l[r] = alpha[r] * l[r] + l_tile[r];
+    }
+    if (has_pv) {
+        /* O_{j-1} is final: V_{j-1}'s stage can be refilled, and O rescaled for tile j. */
+        wgmma_wait_0();
+        wgmma_hold(&o[0][0], d / 2);
+        if (lane == 0) mbar_arrive(sm.empty_v + 8 * pv);
+    }
+    if (c->loader && j + S - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
+        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, d, S);
+    if (has_s) {
+#pragma unroll
+        for (int n = 0; n < d / MMA_N; n++) {
+            o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int k = 0; k < bc / 16; k++) {
+            pa[k][0] = pack_x2(s[2 * k][0], s[2 * k][1], fp16);
+            pa[k][1] = pack_x2(s[2 * k][2], s[2 * k][3], fp16);
+            pa[k][2] = pack_x2(s[2 * k + 1][0], s[2 * k + 1][1], fp16);
+            pa[k][3] = pack_x2(s[2 * k + 1][2], s[2 * k + 1][3], fp16);
+        }
+    }
+}
+
+/* A consumer warpgroup: rows cw * 64 .. of the block's query tile. Step 0 has only S_0, the
+ * steps 1 .. Tc-1 both products, step Tc only the last PV; then the epilogue. */
+static __device__ __forceinline__ void consume(const attn_problem p, const attn_args a,
+                                               const fa3_opts f, const fa3_smem sm,
+                                               const CUtensorMap *tmQ, const CUtensorMap *tmK,
+                                               const CUtensorMap *tmV, const CUtensorMap *tmO,
+                                               int cw, int i0, int Tc, const int overlap,
+                                               const int d, const int fp16)
+{
+    const int warp = threadIdx.x / WARP % 4, lane = threadIdx.x % WARP;
+    const int b = blockIdx.z, h = blockIdx.y;
+    consumer c;
+    c.p = &p; c.f = &f; c.tmK = tmK; c.tmV = tmV;
+    c.cw = cw; c.b = b; c.h_kv = h / (p.H / p.H_kv); c.Tc = Tc;
+    c.row0 = i0 + cw * WG_ROWS;
+    c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
+    /* Without warp specialisation the first consumer thread is the loader, as in 07. */
+    c.loader = !f.ws && threadIdx.x == WARPGROUP;
+    if (c.loader) {
+        mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
+        for (int k = 0; k < d / BOX_COLS; k++)
+            tma_load_4d(sm.Q + k * Br(d) * BOX_ROW, tmQ, k * BOX_COLS, i0, h, b, sm.bar_q);
+        for (int j = 0; j < f.stages - 1 && j < Tc; j++) {
+            load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, c.h_kv, j, d, f.stages);
+            load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, c.h_kv, j, d, f.stages);
+        }
+    }
+
+    float o[D_MAX / MMA_N][4];
+    float m[2], l[2];   /* running max (log2 domain) and this lane's part of the sum */
+#pragma unroll
+    for (int r = 0; r < 2; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+#pragma unroll
+    for (int n = 0; n < D_MAX / MMA_N; n++)
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[n][k] = 0.0f;
+    float s[128 / MMA_N][4];
+    uint32_t pa[128 / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
+    mbar_wait(sm.bar_q, 0);
+    /* Ping-pong: the last consumer hands consumer 0 its first turn; the turn then goes round,
+     * 0, 1, (2,) 0, ... */
+    if (f.pingpong && cw == CONSUMERS(d) - 1) bar_arrive(BAR_TURN + 0, 2 * WARPGROUP);
+
+    /* Tiles 0 .. n_full-1 need no mask: every key inside N_k and, when causal, at or before
+     * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
+     * past N_k) take the masked copy of the step. */
+    const int n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / Bc(d));
+    if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, overlap, d, fp16);
+    else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, overlap, d, fp16);
+    for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, overlap, d, fp16);
+    for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, fp16);
+    consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, fp16);
+    /* The last consumer's last arrive on consumer 0's barrier has no turn left to open: take
+     * it, so that every named barrier ends as it started. */
+    if (f.pingpong && cw == 0) bar_sync(BAR_TURN + 0, 2 * WARPGROUP);
+
+    /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i goes into this warpgroup's rows of
+     * the Q_i tile (its last reader, this warpgroup's last S product, is complete), then out
+     * by one TMA store per 64-column box; rows past N_q are clipped by the tensor map. */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float l_row = row_sum(l[r]);
+        const int i = c.row + 8 * r;
+        const float inv_l = 1.0f / l_row;
+#pragma unroll
+        for (int n = 0; n < d / MMA_N; n++)
+            put_pair(i - i0, n * MMA_N + 2 * (lane % QUAD),
+                     pack_x2(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l, fp16), Br(d));
+        if (lane % QUAD == 0 && i < p.N_q)
+            a.lse[((size_t)b * p.H + h) * p.N_q + i] = (m[r] + log2f(l_row)) * LN2;
+    }
+    fence_proxy_async();   /* generic writes of O, read next by the TMA store (async proxy) */
+    bar_sync(BAR_EPI + cw, WARPGROUP);
+    if (threadIdx.x % WARPGROUP == 0) {
+        for (int k = 0; k < d / BOX_COLS; k++)
+            tma_store_4d(tmO, sm.Q + k * Br(d) * BOX_ROW + cw * WG_ROWS * BOX_ROW, k * BOX_COLS,
+                         c.row0, h, b);
+        bulk_commit();
+        bulk_wait_read_0();   /* the shared memory must outlive the store's reads */
+    }
+}
+
+/* One block: query tile i0 .. i0+Br-1 of head h, batch b; warpgroup 0 produces, the others
+ * (2, or 3 at d = 64) consume.
+ * d and fp16 are literals at each call site. */
+static __device__ __forceinline__ void tiled_attention(const attn_problem p, const attn_args a,
+                                                       const fa3_opts f, const CUtensorMap *tmQ,
+                                                       const CUtensorMap *tmK,
+                                                       const CUtensorMap *tmV,
+                                                       const CUtensorMap *tmO, const int overlap,
+                                                       const int d, const int fp16)
+{
+    const fa3_smem sm = smem_layout(d);
+    const int wg = threadIdx.x / WARPGROUP;
+    const int b = blockIdx.z, h = blockIdx.y, h_kv = h / (p.H / p.H_kv);
+    /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail. */
+    const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br(d);
+    const int last_row = min(i0 + Br(d), p.N_q) - 1;
+    const int Tc = (visible_keys(p, last_row) + Bc(d) - 1) / Bc(d);
+
+    /* The barriers: Q's and the full ones complete on one arrive plus the bytes; an empty one
+     * on one arrive per consumer warp. */
+    if (threadIdx.x == 0) {
+        if (sm.Q % SWIZZLE_ATOM) hopper_fail();   /* the swizzled boxes need 1024-byte alignment */
+        mbar_init(sm.bar_q, 1);
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(sm.full_k + 8 * s, 1);
+            mbar_init(sm.full_v + 8 * s, 1);
+            mbar_init(sm.empty_k + 8 * s, CONSUMERS(d) * 4);
+            mbar_init(sm.empty_v + 8 * s, CONSUMERS(d) * 4);
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();   /* the last block-wide barrier: warps of the producer exit below */
+
+    if (wg == 0) {
+        SETMAXNREG_DEC(PRODUCER_REGS);
+        if (f.ws && threadIdx.x == 0) {
+            mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
+            for (int c = 0; c < d / BOX_COLS; c++)
+                tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
+            for (int j = 0; j < Tc; j++) {
+                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, d, f.stages);
+                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, d, f.stages);
+            }
+        }
+    } else {
+        if (CONSUMERS(d) == 3) SETMAXNREG_INC(CONSUMER_REGS_3);   /* d is a literal: one remains */
+        else                   SETMAXNREG_INC(CONSUMER_REGS_2);
+        consume(p, a, f, sm, tmQ, tmK, tmV, tmO, wg - 1, i0, Tc, overlap, d, fp16);
+    }
+}
+
+/* One kernel per head dim and dtype, each with literals inside; the tensor maps are
+ * __grid_constant__ parameters. One block of 3 warpgroups per SM (the cap at entry, 168
+ * registers, is what setmaxnreg redistributes). */
+typedef void (*attention_fn)(attn_problem, attn_args, fa3_opts, const __grid_constant__ CUtensorMap,
+                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
+                             const __grid_constant__ CUtensorMap);
+#define KERNEL(name, d, fp16, overlap)                                                          \
+    static __global__ void __launch_bounds__(THREADS(d), 1)                                     \
+    name(attn_problem p, attn_args a, fa3_opts f, const __grid_constant__ CUtensorMap tmQ,       \
+         const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,       \
+         const __grid_constant__ CUtensorMap tmO)                                                \
+    { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, d, fp16); }
+KERNEL(attention_64_bf16, 64, 0, 1)
+KERNEL(attention_64_fp16, 64, 1, 1)
+KERNEL(attention_128_bf16, 128, 0, 1)
+KERNEL(attention_128_fp16, 128, 1, 1)
+KERNEL(attention_256_bf16, 256, 0, 1)
+KERNEL(attention_256_fp16, 256, 1, 1)
+/* nooverlap: the softmax waits for both products (the ablation) */
+KERNEL(attention_64_bf16_nooverlap, 64, 0, 0)
+KERNEL(attention_64_fp16_nooverlap, 64, 1, 0)
+KERNEL(attention_128_bf16_nooverlap, 128, 0, 0)
+KERNEL(attention_128_fp16_nooverlap, 128, 1, 0)
+KERNEL(attention_256_bf16_nooverlap, 256, 0, 0)
+KERNEL(attention_256_fp16_nooverlap, 256, 1, 0)
+
+static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
+{
+    const int fp16 = p->dtype == ATTN_FP16;
+    if (f->overlap) {
+        if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
+        if (p->d == 128) return fp16 ? attention_128_fp16 : attention_128_bf16;
+        return fp16 ? attention_256_fp16 : attention_256_bf16;
+    }
+    if (p->d == 64) return fp16 ? attention_64_fp16_nooverlap : attention_64_bf16_nooverlap;
+    if (p->d == 128) return fp16 ? attention_128_fp16_nooverlap : attention_128_bf16_nooverlap;
+    return fp16 ? attention_256_fp16_nooverlap : attention_256_bf16_nooverlap;
+}
+
+/* ATTN_FA3 (unset or empty: the defaults) into *f; 0, or 1 with why set for an unknown switch.
+ * Defaults: everything on, 2 stages; ping-pong off at d = 256, where one warpgroup's 128 O
+ * registers leave no room for the schedule to matter (measured: docs/08_fa3.md). */
+static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
+{
+    f->pingpong = p->d <= 128;
+    f->overlap = 1;
+    f->ws = 1;
+    f->stages = STAGES;
+    const char *env = getenv("ATTN_FA3");
+    if (!env) return 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", env);
+    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+        if (!strcmp(t, "pingpong")) f->pingpong = 1;
+        else if (!strcmp(t, "nopingpong")) f->pingpong = 0;
+        else if (!strcmp(t, "nooverlap")) f->overlap = 0;
+        else if (!strcmp(t, "nows")) f->ws = 0;
+        else if (!strcmp(t, "stages=1")) f->stages = 1;
+        else if (!strcmp(t, "stages=2")) f->stages = 2;
+        else {
+            snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: unknown switch '%s' (known: pingpong, "
+                     "nopingpong, nooverlap, nows, stages=1, stages=2)", env, t);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int check(const attn_problem *p, attn_dir dir, char *why)
+{
+    (void)dir;   /* no backward: the harness refuses --backward before asking */
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        snprintf(why, ATTN_WHY_LEN, "08_fa3 cannot query the device");
+        return 1;
+    }
+    if (major != 9 || minor != 0) {
+        snprintf(why, ATTN_WHY_LEN, "stage 08_fa3 is sm_90a code (wgmma, TMA, setmaxnreg): it runs on "
+                 "compute capability 9.0 (H100, H200) only, this GPU is %d.%d", major, minor);
+        return 1;
+    }
+    if (p->d != 64 && p->d != 128 && p->d != 256) {
+        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 08_fa3 supports 64, 128 and 256", p->d);
+        return 1;
+    }
+    if (!(p->scale > 0.0f)) {   /* the running max is taken on unscaled scores */
+        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 08_fa3 needs a positive scale", p->scale);
+        return 1;
+    }
+    fa3_opts f;
+    if (parse_opts(p, &f, why)) return 1;
+    int smem_max = 0;
+    if (attn_smem_per_block(&smem_max)) {
+        snprintf(why, ATTN_WHY_LEN, "08_fa3 cannot query the device");
+        return 1;
+    }
+    const size_t smem = smem_bytes(p->d);
+    if (smem > (size_t)smem_max) {
+        snprintf(why, ATTN_WHY_LEN,
+                 "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
+                 "%d KiB, too little for stage 08_fa3", p->d, (smem + 1023) / 1024, smem_max / 1024);
+        return 1;
+    }
+    return 0;
+}
+
+/* Nothing beyond L. */
+static size_t workspace(const attn_problem *p, attn_dir dir)
+{
+    (void)p; (void)dir;
+    return 0;
+}
+
+static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
+{
+    char why[ATTN_WHY_LEN];
+    fa3_opts f;
+    if (parse_opts(p, &f, why)) return cudaErrorInvalidValue;   /* check() said why */
+    const size_t smem = smem_bytes(p->d);
+    const attention_fn kernel = pick_forward(p, &f);
+    /* Tensor maps: Q in boxes of Br rows, K and V of Bc keys, O of one warpgroup's 64 rows. */
+    CUtensorMap tmQ, tmK, tmV, tmO;
+    if (hopper_tensor_map(&tmQ, a->q, p->dtype, p->d, p->N_q, p->H, p->B, Br(p->d)) ||
+        hopper_tensor_map(&tmK, a->k, p->dtype, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
+        hopper_tensor_map(&tmV, a->v, p->dtype, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
+        hopper_tensor_map(&tmO, a->o, p->dtype, p->d, p->N_q, p->H, p->B, WG_ROWS))
+        return cudaErrorInvalidValue;
+    /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
+    ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid(attn_ceil_div(p->N_q, Br(p->d)), p->H, p->B);
+    kernel<<<grid, THREADS(p->d), smem, s>>>(*p, *a, f, tmQ, tmK, tmV, tmO);
+    ATTN_LAUNCH_CHECK();
+    return cudaSuccess;
+}
+
+ATTN_EXPORT const attn_stage stage_08_fa3 = {
+    "08_fa3",
+    "FlashAttention-3's forward: a TMA producer warpgroup, ping-pong consumers, softmax under the products",
+    "head dim 64, 128 or 256; bf16, fp16; any N; causal; GQA; forward only; compute capability 9.0 "
+    "only; ATTN_FA3 switches (nopingpong, nooverlap, nows, stages=1) for the ablation",
+    90,
+    check,
+    workspace,
+    forward,
+    NULL,
+};
