@@ -5,6 +5,7 @@
 #                         a Hopper stage also leaves its PTX in build/<stage>.ptx)
 #   make build/03_tiled BR=32 BC=128   stage 3 (and 4, BR only) with other tile sizes; make
 #                         again without them to go back (the objects remember the knobs)
+#   make build/08_fa3 TRACE=1   stage 8 able to record its pipeline's timeline (ATTN_TRACE=FILE)
 #   make test             static check + Criterion tests (GPU tests skip without a GPU)
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
 #   make bench / plots    plots/bench.sh then plots/bytes.sh (GPU), plots/plots.sh
@@ -90,10 +91,11 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-# ---- tile-size knobs: BR and BC reach the stages whose source reads them (#ifndef BR); the
+# ---- knobs: BR and BC (tile sizes) reach the stages whose source reads them (#ifndef BR), TRACE
+# (stage 8's timeline) those with #ifdef TRACE; the
 # file build/knobs changes only when the knobs do, and those stages are rebuilt then --------
-KNOBS := $(strip $(if $(BR),-DBR=$(BR)) $(if $(BC),-DBC=$(BC)))
-KNOB_STAGES := $(patsubst $(STAGES_DIR)/%/attention.cu,%,$(shell grep -l '^\#ifndef BR' $(STAGES_DIR)/*/attention.cu 2>/dev/null))
+KNOBS := $(strip $(if $(BR),-DBR=$(BR)) $(if $(BC),-DBC=$(BC)) $(if $(TRACE),-DTRACE=1))
+KNOB_STAGES := $(patsubst $(STAGES_DIR)/%/attention.cu,%,$(shell grep -l '^\#ifndef BR\|^\#ifdef TRACE' $(STAGES_DIR)/*/attention.cu 2>/dev/null))
 $(BUILD)/knobs: FORCE | $(OBJ)
 	@echo '$(KNOBS)' > $@.tmp; if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 $(patsubst %,$(OBJ)/%.stage.o,$(KNOB_STAGES)): $(BUILD)/knobs

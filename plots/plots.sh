@@ -700,6 +700,13 @@ if [ -n "$LONG" ]; then
     done
     draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16; where a stage stopped (on the N^2 continuation of its line):\nx refused or failed, o not run: the bench's prediction of the call passed its time cap\n$SRC_LONG"
 fi
+# stage 8's timeline, from the traces of this GPU (plots/timeline.sh; no trace: no figure)
+traces=$(ls plots/results/trace/"$(basename "$MAIN" .csv)"-*.csv 2>/dev/null)
+if [ -n "$traces" ]; then
+    # shellcheck disable=SC2086
+    if sh plots/timeline.sh "$PLOTS_DIR/timeline_08.png" "$term" $traces; then echo "plots: wrote $PLOTS_DIR/timeline_08.png"
+    else echo "plots: gnuplot failed on the timeline" >&2; status=1; fi
+fi
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/readme_table.sh --update README.md || status=1
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/docs_tables.sh --update docs/*.md || status=1
 exit $status

@@ -24,6 +24,7 @@
  *
  * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
  *      ATTN_FA3=nopingpong,nooverlap build/08_fa3 --seqlen 8192 --dim 128 --bench
+ *      make build/08_fa3 TRACE=1 && ATTN_TRACE=t.csv build/08_fa3 --seqlen 8192 --dim 128
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,32 @@
 
 /* The schedule's switches (ATTN_FA3, parsed by the host). */
 typedef struct { int pingpong, overlap, ws, stages; } fa3_opts;
+
+#ifdef TRACE
+/* The pipeline's timeline, built only with `make build/08_fa3 TRACE=1` (without it none of this
+ * exists) and recorded when ATTN_TRACE=FILE is set: thread 0 of each warpgroup of the first
+ * TRACE_BLOCKS blocks of head 0, batch 0 stamps the SM's clock (clock64: one clock for all the
+ * warpgroups of a block) at the events of each step into the workspace; the host writes them to
+ * FILE as CSV (block, warpgroup, step, event, cycles). Consumer events, in order: step begins,
+ * tiles landed, turn taken, products issued, S ready, softmax done, P V done; producer: wait
+ * for a free stage begins, K issued, V issued. */
+#define TRACE_BLOCKS 2
+#define TRACE_WGS    4     /* the producer and up to 3 consumers */
+#define TRACE_STEPS  64
+#define TRACE_EVENTS 8
+static size_t trace_bytes(void) { return (size_t)TRACE_BLOCKS * TRACE_WGS * TRACE_STEPS * TRACE_EVENTS * 8; }
+static __device__ __forceinline__ void trace(const attn_args *a, int step, int event)
+{
+    if (threadIdx.x % WARPGROUP || blockIdx.x >= TRACE_BLOCKS || blockIdx.y || blockIdx.z ||
+        step >= TRACE_STEPS)
+        return;
+    const int wg = threadIdx.x / WARPGROUP;
+    ((long long *)a->ws)[((blockIdx.x * TRACE_WGS + wg) * TRACE_STEPS + step) * TRACE_EVENTS + event] = clock64();
+}
+#define TRACE_AT(a, step, event) trace(a, step, event)
+#else
+#define TRACE_AT(a, step, event)
+#endif
 
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x
  * K_j [Bc][d]; STAGES x V_j [Bc][d]; then the mbarriers: Q's, and full K, full V, empty K,
@@ -160,6 +187,7 @@ static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, in
 /* What a consumer warpgroup keeps across the steps of its loop, and where its tiles are. */
 typedef struct {
     const attn_problem *p;
+    const attn_args *a;
     const fa3_opts *f;
     const CUtensorMap *tmK, *tmV;
     int cw, b, h_kv, Tc, row0, row, loader;
@@ -185,14 +213,17 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     const fa3_smem sm = smem_layout(d);   /* constants: the offsets of a fixed layout */
     const int bc = Bc(d), tile_bytes = bc * d * 2, S = c->f->stages, lane = threadIdx.x % WARP;
     const int j0 = j * bc, st = ring_stage(j, S), pv = ring_stage(j + 1, S);   /* pv: tile j-1's */
+    TRACE_AT(c->a, j, 0);
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
         load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, d, S);
     /* Both tiles have landed before the first wgmma: a wait loop between two wgmmas would be a
      * divergent path there. */
     if (has_s) mbar_wait(sm.full_k + 8 * st, ring_parity(j, S));
     if (has_pv) mbar_wait(sm.full_v + 8 * pv, ring_parity(j - 1, S));
+    TRACE_AT(c->a, j, 1);
 
     if (c->f->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
+    TRACE_AT(c->a, j, 2);
     wgmma_fence();
     if (has_s) {   /* S_j = Q_i K_jᵀ: the first group */
         const uint64_t stage = (uint64_t)(st * tile_bytes) >> 4;
@@ -219,6 +250,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         wgmma_commit();
     }
     if (c->f->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
+    TRACE_AT(c->a, j, 3);
 
     float alpha[2];
     if (has_s) {
@@ -226,6 +258,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         if (has_pv && overlap) wgmma_wait_1();
         else                   wgmma_wait_0();
         wgmma_hold(&s[0][0], bc / 2);
+        TRACE_AT(c->a, j, 4);
         if (lane == 0) mbar_arrive(sm.empty_k + 8 * st);   /* this warp is done with K_j */
         if (masked) mask_scores(s, bc / MMA_N, c->row, j0 + 2 * (lane % QUAD), p.N_k, p.causal);
 
@@ -251,11 +284,13 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
             }
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = alpha[r] * l[r] + l_tile[r];
+        TRACE_AT(c->a, j, 5);
     }
     if (has_pv) {
         /* O_{j-1} is final: V_{j-1}'s stage can be refilled, and O rescaled for tile j. */
         wgmma_wait_0();
         wgmma_hold(&o[0][0], d / 2);
+        TRACE_AT(c->a, j, 6);
         if (lane == 0) mbar_arrive(sm.empty_v + 8 * pv);
     }
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
@@ -288,7 +323,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     const int warp = threadIdx.x / WARP % 4, lane = threadIdx.x % WARP;
     const int b = blockIdx.z, h = blockIdx.y;
     consumer c;
-    c.p = &p; c.f = &f; c.tmK = tmK; c.tmV = tmV;
+    c.p = &p; c.a = &a; c.f = &f; c.tmK = tmK; c.tmV = tmV;
     c.cw = cw; c.b = b; c.h_kv = h / (p.H / p.H_kv); c.Tc = Tc;
     c.row0 = i0 + cw * WG_ROWS;
     c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
@@ -398,8 +433,11 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
             for (int c = 0; c < d / BOX_COLS; c++)
                 tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
             for (int j = 0; j < Tc; j++) {
+                TRACE_AT(&a, j, 0);
                 load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, d, f.stages);
+                TRACE_AT(&a, j, 1);
                 load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, d, f.stages);
+                TRACE_AT(&a, j, 2);
             }
         }
     } else {
@@ -502,6 +540,13 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     }
     fa3_opts f;
     if (parse_opts(p, &f, why)) return 1;
+#ifndef TRACE
+    if (getenv("ATTN_TRACE")) {
+        snprintf(why, ATTN_WHY_LEN, "ATTN_TRACE is set, but this 08_fa3 records no timeline: build it "
+                 "with make build/08_fa3 TRACE=1");
+        return 1;
+    }
+#endif
     int smem_max = 0;
     if (attn_smem_per_block(&smem_max)) {
         snprintf(why, ATTN_WHY_LEN, "08_fa3 cannot query the device");
@@ -517,12 +562,42 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     return 0;
 }
 
-/* Nothing beyond L. */
+/* Nothing beyond L (the timeline's stamps, when one is recorded). */
 static size_t workspace(const attn_problem *p, attn_dir dir)
 {
     (void)p; (void)dir;
+#ifdef TRACE
+    if (getenv("ATTN_TRACE")) return trace_bytes();
+#endif
     return 0;
 }
+
+#ifdef TRACE
+/* The stamps of the call just enqueued on s into ATTN_TRACE's file, as CSV; entries no event
+ * wrote keep the harness' poison (all ones) and are left out. */
+static cudaError_t write_trace(const char *path, const void *ws, cudaStream_t s)
+{
+    const size_t n = trace_bytes() / 8;
+    long long *t = (long long *)malloc(trace_bytes());
+    if (!t) return cudaErrorMemoryAllocation;
+    cudaError_t e = cudaStreamSynchronize(s);
+    if (e == cudaSuccess) e = cudaMemcpy(t, ws, trace_bytes(), cudaMemcpyDeviceToHost);
+    FILE *out = e == cudaSuccess ? fopen(path, "w") : NULL;
+    if (out) {
+        fprintf(out, "block,warpgroup,step,event,cycles\n");
+        for (size_t i = 0; i < n; i++)
+            if (t[i] != -1)
+                fprintf(out, "%d,%d,%d,%d,%lld\n", (int)(i / TRACE_EVENTS / TRACE_STEPS / TRACE_WGS),
+                        (int)(i / TRACE_EVENTS / TRACE_STEPS % TRACE_WGS),
+                        (int)(i / TRACE_EVENTS % TRACE_STEPS), (int)(i % TRACE_EVENTS), t[i]);
+        fclose(out);
+    } else if (e == cudaSuccess) {
+        fprintf(stderr, "08_fa3: cannot write the timeline to %s\n", path);
+    }
+    free(t);
+    return e;
+}
+#endif
 
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
@@ -543,6 +618,9 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     const dim3 grid(attn_ceil_div(p->N_q, Br(p->d)), p->H, p->B);
     kernel<<<grid, THREADS(p->d), smem, s>>>(*p, *a, f, tmQ, tmK, tmV, tmO);
     ATTN_LAUNCH_CHECK();
+#ifdef TRACE
+    if (getenv("ATTN_TRACE")) return write_trace(getenv("ATTN_TRACE"), a->ws, s);
+#endif
     return cudaSuccess;
 }
 

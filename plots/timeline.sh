@@ -1,0 +1,73 @@
+#!/bin/sh
+# plots/timeline.sh OUT.png TERM CSV...: stage 8's pipeline timeline, one panel per CSV (written
+# by `make build/08_fa3 TRACE=1` and ATTN_TRACE=FILE, see stages/08_fa3/attention.cu): for block 0,
+# one row per warpgroup (the producer, then the consumers), the phases of each step as bars along
+# the SM's clock. Steps FIRST .. LAST (environment, default 4 .. 7: past the start, where the
+# pipeline runs steady). Called by plots/plots.sh when plots/results/trace/ holds CSVs.
+set -u
+out=$1 term=$2; shift 2
+FIRST=${FIRST:-4} LAST=${LAST:-7}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/timeline.XXXXXX") || exit 2
+trap 'rm -rf "$tmp"' EXIT
+n=0
+for csv in "$@"; do
+    n=$((n + 1))
+    # segments "row x0 x1 kind", x in cycles from the first stamp of block 0 at step FIRST;
+    # kinds: 1 wait for tiles, 2 wait for the turn, 3 issue S and P V, 4 wait for S, 5 softmax,
+    # 6 wait for P V, 7 rescale O and pack P; producer: 8 wait for a free K stage and load K,
+    # 9 wait for a free V stage and load V
+    awk -F, -v first="$FIRST" -v last="$LAST" '
+        NR > 1 && $1 == 0 { t[$2, $3, $4] = $5; if ($2 > maxwg) maxwg = $2 }
+        END {
+            t0 = -1
+            for (k in t) { split(k, a, SUBSEP); if (a[2] == first && (t0 < 0 || t[k] < t0)) t0 = t[k] }
+            for (w = 0; w <= maxwg; w++) for (s = first; s <= last; s++) {
+                if (w == 0) {   # the producer
+                    if ((0, s, 1) in t) printf "%d %d %d 8\n", w, t[0, s, 0] - t0, t[0, s, 1] - t0
+                    if ((0, s, 2) in t) printf "%d %d %d 9\n", w, t[0, s, 1] - t0, t[0, s, 2] - t0
+                    continue
+                }
+                for (e = 0; e < 6; e++)
+                    if ((w, s, e) in t && (w, s, e + 1) in t)
+                        printf "%d %d %d %d\n", w, t[w, s, e] - t0, t[w, s, e + 1] - t0, e + 1
+                if ((w, s, 6) in t && (w, s + 1, 0) in t && s < last)
+                    printf "%d %d %d 7\n", w, t[w, s, 6] - t0, t[w, s + 1, 0] - t0
+            }
+            printf "# rows %d\n", maxwg + 1
+        }' "$csv" > "$tmp/p$n.dat"
+    # the title: the switches the trace was recorded with, from the file name <gpu>-08_fa3-<switches>.csv
+    name=$(basename "$csv" .csv); name=${name##*08_fa3-}
+    printf 'ATTN_FA3=%s\n' "$name" > "$tmp/p$n.name"
+done
+{
+    echo "set terminal $term size 1400,$((260 * n + 80)) font ',10'"
+    echo "set output '$out'"
+    echo "set multiplot layout $n,1 title \"stage 8's pipeline, block 0 (query tile 0 of head 0), steps $FIRST-$LAST, d = 128, N = 8192: clock64 stamps of thread 0 of each warpgroup\" font ',11'"
+    echo "set termoption noenhanced"
+    echo "set style fill solid 0.9 noborder"
+    echo "set xlabel 'SM clock cycles'"
+    echo "set grid xtics"
+    echo "set key outside right top vertical"
+    i=0
+    for c in '#bbbbbb' '#ffcc66' '#1f77b4' '#dddddd' '#d62728' '#999999' '#2ca02c' '#9467bd' '#8c564b'; do
+        i=$((i + 1)); echo "set linetype $i lc rgb '$c'"
+    done
+    k=0
+    while [ "$k" -lt "$n" ]; do
+        k=$((k + 1))
+        rows=$(awk '/^# rows/ { print $3 }' "$tmp/p$k.dat")
+        echo "set title '$(cat "$tmp/p$k.name")'"
+        echo "set yrange [-0.6 : $rows - 0.4] reverse"
+        ytics="\"producer\" 0"; r=1
+        while [ "$r" -lt "$rows" ]; do ytics="$ytics, \"consumer $((r - 1))\" $r"; r=$((r + 1)); done
+        echo "set ytics ($ytics)"
+        echo "plot '$tmp/p$k.dat' using (\$2 + \$3) / 2.0 : 1 : (\$3 - \$2) / 2.0 : (0.35) : 4 with boxxyerror lc variable notitle, \\"
+        j=0
+        for t in 'wait for tiles' 'wait for the turn' 'issue S, P V' 'wait for S' 'softmax' 'wait for P V' 'rescale O, pack P' 'producer: K' 'producer: V'; do
+            j=$((j + 1))
+            echo "     NaN with boxes lt $j title '$t'$( [ $j -lt 9 ] && echo ', \')"
+        done
+    done
+    echo "unset multiplot"
+} > "$tmp/plot.gp"
+gnuplot "$tmp/plot.gp"
