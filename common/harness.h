@@ -89,7 +89,10 @@ typedef struct {
                                    * forward (L, D for every row); NULL: all */
     size_t rows_q, rows_kv;       /* number of rows set (checked) */
     int sampled;                  /* 1 if the masks are a sample */
-    int skipped;                  /* backward too large even sampled (see note) */
+    int assisted;                 /* backward whose heads are too large for the oracle's own
+                                   * forward of every row: L and D of the unsampled rows come
+                                   * from the run's own L and O (see attn_oracle) */
+    int skipped;                  /* backward too large even assisted (see note) */
     char note[ATTN_MSG_LEN];      /* "checked 64 of 16384 rows per head (sampled)" */
 } attn_sample;
 
@@ -106,17 +109,21 @@ extern int attn_oracle_threads;   /* 0: min(online CPUs, 16) (default); else thi
 
 /* Choose the rows to check: everything when B*H*N_q*N_k*d <= 2e9, else a random sample
  * (seeded). For the backward, dK/dV rows need L and D of every query row of their heads,
- * so the sample is restricted to a few heads; if even that is too big, sets skipped. */
+ * so the sample is restricted to a few heads; if the oracle's forward of even one head is
+ * too big, the sample is `assisted` (L and D from the run); if that is too big, skipped. */
 void attn_sample_choose(attn_sample *s, const attn_problem *p, attn_dir dir, uint64_t seed);
 void attn_sample_all(attn_sample *s);      /* every row */
 void attn_sample_free(attn_sample *s);
 
 /* Compute the reference for the rows of s (forward: o, lse; backward also dq, dk, dv,
  * with D from the oracle's own float64 O). Inputs are the rounded host inputs of t.
- * Returns 0, or -1 when out of host memory. */
+ * With an assisted sample (backward), t also holds the run's outputs: the oracle computes O
+ * and L of the sampled rows itself (they are compared with the run's), and for the softmax
+ * of every other row of the chosen heads takes the run's L and D = rowsum(dO ∘ O) of the
+ * run's 16-bit O, as a kernel does. Returns 0, or -1 when out of host memory. */
 int  attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r);
 /* The same from float inputs (the tests perturb them for finite differences); d_o only
- * for the backward; s may be NULL (all rows). */
+ * for the backward; s may be NULL (all rows); an assisted s needs the run's outputs: -1. */
 int  attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
                      const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r);
 void attn_ref_free(attn_ref *r);

@@ -25,6 +25,9 @@ int attn_oracle_threads = 0;
 #define SAMPLED_BWD_COST 8e9
 #define SAMPLE_ROWS 64       /* rows per head in a sample */
 #define SAMPLE_UNITS 2       /* kv heads (with their query heads) in a sampled backward */
+/* an assisted backward (L and D from the run) costs the oracle G N_q d per sampled key row and
+ * N_k d per sampled query row; beyond this many multiply-adds it is skipped */
+#define ASSISTED_BWD_COST 4e11
 
 void attn_sample_all(attn_sample *s)
 {
@@ -94,13 +97,19 @@ void attn_sample_choose(attn_sample *s, const attn_problem *p, attn_dir dir, uin
     int nu = (int)(SAMPLED_BWD_COST / unit_cost);
     if (nu > SAMPLE_UNITS) nu = SAMPLE_UNITS;
     if (nu > units) nu = units;
-    if (nu < 1) {
-        s->skipped = 1;
-        s->rows_q = s->rows_kv = 0;
-        snprintf(s->note, sizeof s->note,
-                 "backward check skipped for size: one kv head needs %.1e multiply-adds in the "
-                 "float64 oracle (limit %.0e)", unit_cost, SAMPLED_BWD_COST);
-        return;
+    if (nu < 1) {   /* L and D of the unsampled rows from the run (attn_oracle) */
+        nu = units < SAMPLE_UNITS ? units : SAMPLE_UNITS;
+        const double cost = nu * (double)SAMPLE_ROWS * ((double)G * p->N_q + (double)G * p->N_k) * p->d;
+        if (cost > ASSISTED_BWD_COST) {
+            s->skipped = 1;
+            s->rows_q = s->rows_kv = 0;
+            snprintf(s->note, sizeof s->note,
+                     "backward check skipped for size: even with L and D from the run, the sampled "
+                     "rows need %.1e multiply-adds in the float64 oracle (limit %.0e)", cost,
+                     ASSISTED_BWD_COST);
+            return;
+        }
+        s->assisted = 1;
     }
     s->mask_kv = calloc(nrow_kv, 1);
     s->mask_unit = calloc((size_t)units, 1);
@@ -122,8 +131,10 @@ void attn_sample_choose(attn_sample *s, const attn_problem *p, attn_dir dir, uin
     }
     snprintf(s->note, sizeof s->note,
              "checked %d of %d kv heads; %d of %d query rows and %d of %d key rows per head "
-             "(sampled)", nu, units, p->N_q < SAMPLE_ROWS ? p->N_q : SAMPLE_ROWS, p->N_q,
-             p->N_k < SAMPLE_ROWS ? p->N_k : SAMPLE_ROWS, p->N_k);
+             "(sampled)%s", nu, units, p->N_q < SAMPLE_ROWS ? p->N_q : SAMPLE_ROWS, p->N_q,
+             p->N_k < SAMPLE_ROWS ? p->N_k : SAMPLE_ROWS, p->N_k,
+             s->assisted ? "; the gradients' softmax uses this run's L and O (one head's float64 "
+                           "forward is too big), which are checked on the sampled rows" : "");
     return;
 oom:
     attn_sample_free(s);
@@ -149,7 +160,14 @@ typedef struct {
     double *D;                          /* [B*N_q*H] row index space */
     double *mD;                         /* term magnitude of D: sqrt(sum_c (dO_c O_c)^2) */
     unsigned char *need_fwd;            /* [B*N_q*H] rows whose forward is computed */
+    const float *run_lse;               /* assisted: the run's L, read by the gradients */
 } octx;
+
+/* L of query row (b, h, i) for the gradients: the oracle's own, or the run's (assisted) */
+static double lse_of(const octx *c, size_t idx)
+{
+    return c->run_lse ? (double)c->run_lse[idx] : c->r->lse[idx];
+}
 
 static double dot(const float *a, const float *b, int d)
 {
@@ -280,7 +298,7 @@ static void dq_row(octx *c, size_t r)
     int h = (int)(r % p->H), i = (int)((r / p->H) % p->N_q), b = (int)(r / p->H / p->N_q);
     int g = h / c->G, n = visible(p, i), d = p->d;
     const float *qi = qrow(c, c->q, b, i, h), *doi = qrow(c, c->d_o, b, i, h);
-    double L = c->r->lse[((size_t)b * p->H + h) * p->N_q + i], D = c->D[r];
+    double L = lse_of(c, ((size_t)b * p->H + h) * p->N_q + i), D = c->D[r];
     double *dq = c->r->dq + r * d, *dqm = c->r->dq_m + r * d;
     double *acc_pk = malloc(sizeof(double) * (size_t)d);
     for (int e = 0; e < d; e++) dq[e] = dqm[e] = 0.0;
@@ -322,7 +340,7 @@ static void dkv_row(octx *c, size_t r)
         for (int i = i0; i < p->N_q; i++) {
             size_t qr = ((size_t)b * p->N_q + i) * p->H + h;
             const float *qi = qrow(c, c->q, b, i, h), *doi = qrow(c, c->d_o, b, i, h);
-            double L = c->r->lse[((size_t)b * p->H + h) * p->N_q + i];
+            double L = lse_of(c, ((size_t)b * p->H + h) * p->N_q + i);
             double P = exp((double)p->scale * dot(qi, kj, d) - L);
             double dS = P * (dot(doi, vj, d) - c->D[qr]), PmD = P * c->mD[qr];
             for (int e = 0; e < d; e++) {
@@ -349,7 +367,7 @@ static void *worker(void *arg)
     octx *c = jb->c;
     const attn_problem *p = c->p;
     const attn_sample *s = c->s;
-    if (jb->phase == PH_FWD && c->need_fwd && !c->D) {
+    if (jb->phase == PH_FWD && c->need_fwd && (!c->D || c->run_lse)) {
         /* a sampled forward: at most SAMPLE_ROWS rows per head, one head at a time */
         double *scratch = malloc(sizeof(double) * SAMPLE_ROWS * (size_t)p->N_k);
         if (!scratch) { jb->oom = 1; return NULL; }
@@ -411,10 +429,34 @@ static int run_phase(octx *c, int phase)
     return oom ? -1 : 0;
 }
 
-int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
-                    const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r)
+/* D_i = rowsum(dO_i ∘ O_i) and its term magnitude for every row of the chosen heads, from the
+ * run's 16-bit O (an assisted backward). */
+static void run_D(octx *c, const uint16_t *run_o)
+{
+    const attn_problem *p = c->p;
+    const size_t nrow_q = (size_t)p->B * p->N_q * p->H;
+    for (size_t row = 0; row < nrow_q; row++) {
+        const int h = (int)(row % p->H), b = (int)(row / p->H / p->N_q);
+        if (!c->s->mask_unit[b * p->H_kv + h / c->G]) continue;
+        const float *doi = c->d_o + row * p->d;
+        const uint16_t *oi = run_o + row * p->d;
+        double D = 0.0, mD = 0.0;
+        for (int e = 0; e < p->d; e++) {
+            const double t = (double)doi[e] * attn_to_f32(oi[e], p->dtype);
+            D += t;
+            mD += t * t;
+        }
+        c->D[row] = D;
+        c->mD[row] = sqrt(mD);
+    }
+}
+
+static int oracle(const attn_problem *p, const float *q, const float *k, const float *v,
+                  const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r,
+                  const uint16_t *run_o, const float *run_lse)
 {
     memset(r, 0, sizeof *r);
+    if (dir == ATTN_BACKWARD && s && s->assisted && (!run_o || !run_lse)) return -1;
     octx c = { 0 };
     c.p = p; c.s = s; c.G = p->H / p->H_kv; c.r = r;
     c.q = q; c.k = k; c.v = v; c.d_o = d_o;
@@ -443,7 +485,12 @@ int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const
         memset(r->dq, 0xFF, nq * sizeof(double));
         memset(r->dk, 0xFF, nkv * sizeof(double));
         memset(r->dv, 0xFF, nkv * sizeof(double));
-        if (s && s->mask_unit) {
+        if (s && s->assisted) {
+            /* the oracle's forward of the sampled rows only; L and D of the others: the run's */
+            c.need_fwd = s->mask_q;
+            c.run_lse = run_lse;
+            run_D(&c, run_o);
+        } else if (s && s->mask_unit) {
             /* every row of every query head of a chosen kv head */
             c.need_fwd = calloc(nrow_q, 1);
             if (!c.need_fwd) goto out;
@@ -459,11 +506,17 @@ int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const
     }
     rc = 0;
 out:
-    if (dir == ATTN_BACKWARD) free(c.need_fwd);
+    if (dir == ATTN_BACKWARD && !(s && s->assisted)) free(c.need_fwd);
     free(c.D);
     free(c.mD);
     if (rc) attn_ref_free(r);
     return rc;
+}
+
+int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
+                    const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r)
+{
+    return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL);
 }
 
 int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r)
@@ -477,7 +530,7 @@ int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref
     int rc = -1;
     memset(r, 0, sizeof *r);
     if (q && k && v && (dir == ATTN_FORWARD || d_o))
-        rc = attn_oracle_f32(p, q, k, v, d_o, dir, s, r);
+        rc = oracle(p, q, k, v, d_o, dir, s, r, t->o, t->lse);
     free(q); free(k); free(v); free(d_o);
     return rc;
 }

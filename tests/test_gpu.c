@@ -293,6 +293,27 @@ Test(gpu, program_sampled_check, .timeout = 300)
     }
 }
 
+/* A backward too big for the oracle's own forward of one head (N = 16384, d = 128: 3.4e10
+ * multiply-adds a head) is checked with the run's L and O (an assisted sample), not skipped:
+ * the last ladder stage with a backward, on sampled rows. */
+Test(gpu, program_assisted_backward_check, .timeout = 300)
+{
+    need_gpu();
+    const attn_stage *st = NULL;
+    for (int i = 0; i < attn_nstages; i++)
+        if (attn_stages[i]->backward) st = attn_stages[i];
+    if (!st) cr_skip_test("no stage with a backward built");
+    const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
+    char cmd[1024], buf[8192];
+    snprintf(cmd, sizeof cmd, "%s/%s --batch 1 --heads 2 --seqlen 16384 --dim 128 --backward --check --seed %llu",
+             build, st->name, (unsigned long long)test_seed(2100));
+    const int rc = run_capture(cmd, buf, sizeof buf);
+    if (rc == 2) cr_skip_test("%s refused: %s", st->name, buf);
+    cr_assert_eq(rc, 0, "%s exited %d:\n%s", cmd, rc, buf);
+    cr_assert(strstr(buf, "this run's L and O") != NULL, "expected an assisted check:\n%s", buf);
+    cr_assert(strstr(buf, "check PASS") != NULL, "%s", buf);
+}
+
 /* 06_fa2 on a GPU with 99 KiB of shared memory per block (an RTX 4090's 101376 bytes,
  * emulated with ATTN_SMEM_PER_BLOCK): the d = 64 backward takes 64 query rows per step and
  * passes its check, the d = 128 backward is refused with the reason. */

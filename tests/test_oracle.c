@@ -236,8 +236,15 @@ Test(oracle, sampling_covers_big_shapes)
     cr_assert(strstr(s.note, "64 of 16384") != NULL, "%s", s.note);
     attn_sample_free(&s);
     attn_sample_choose(&s, &p, ATTN_BACKWARD, 1);
-    cr_assert(s.skipped, "a 16384^2 x 128 head is too big for the float64 backward: %s", s.note);
+    cr_assert(s.sampled && s.assisted && !s.skipped,
+              "a 16384^2 x 128 head is too big for the oracle's own forward, not for an assisted check: %s", s.note);
+    cr_assert(strstr(s.note, "this run's L and O") != NULL, "%s", s.note);
     attn_sample_free(&s);
+    p.N_q = p.N_k = 1 << 26;   /* 67M tokens: even the assisted sampled rows are too many */
+    attn_sample_choose(&s, &p, ATTN_BACKWARD, 1);
+    cr_assert(s.skipped && strstr(s.note, "skipped for size") != NULL, "%s", s.note);
+    attn_sample_free(&s);
+    p.N_q = p.N_k = 16384;
     p.N_q = p.N_k = 4096; p.d = 64; p.B = 4; p.H = 8; p.H_kv = 2;
     attn_sample_choose(&s, &p, ATTN_BACKWARD, 1);
     cr_assert(s.sampled && !s.skipped, "%s", s.note);
@@ -273,6 +280,61 @@ Test(oracle, sampled_rows_match_full)
         cr_assert_float_eq(part.dk[ki], full.dk[ki], 1e-12);
         cr_assert_float_eq(part.dv[ki], full.dv[ki], 1e-12);
     }
+    attn_sample_free(&s);
+    attn_ref_free(&full); attn_ref_free(&part);
+    attn_host_free(&t);
+}
+
+/* An assisted backward (L and D from the run) gives the full oracle's gradients when the run's
+ * L and O are the oracle's own, rounded as a stage stores them (L to fp32, O to the dtype): the
+ * only differences are those roundings, entering through D and P. Its own O and L of the
+ * sampled rows are the full oracle's, bit for bit; an assisted sample without the run's outputs
+ * is refused. */
+Test(oracle, assisted_backward_matches_full)
+{
+    attn_problem p = test_problem(2, 4, 2, 300, 200, 16, 1);
+    p.dtype = ATTN_FP16;
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+    attn_host_fill(&t, 3, ATTN_INPUT_NORMAL);
+    attn_ref full, part;
+    cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, NULL, &full), 0);
+    for (size_t e = 0; e < attn_numel_q(&p); e++) t.o[e] = attn_from_f32((float)full.o[e], p.dtype);
+    for (size_t e = 0; e < attn_numel_lse(&p); e++) t.lse[e] = (float)full.lse[e];
+    attn_sample s = { 0 };
+    s.mask_q = calloc((size_t)p.B * p.N_q * p.H, 1);
+    s.mask_kv = calloc((size_t)p.B * p.N_k * p.H_kv, 1);
+    s.mask_unit = calloc((size_t)p.B * p.H_kv, 1);
+    s.mask_unit[1 * p.H_kv + 1] = 1;                    /* batch 1, kv head 1: query heads 2, 3 */
+    const int qrows[] = { 0, 17, 299 }, krows[] = { 0, 150, 199 };
+    for (int k = 0; k < 3; k++) {
+        s.mask_q[((size_t)1 * p.N_q + qrows[k]) * p.H + 3] = 1;
+        s.mask_kv[((size_t)1 * p.N_k + krows[k]) * p.H_kv + 1] = 1;
+    }
+    s.sampled = s.assisted = 1;
+    float *q = attn_host_to_f32(t.q, attn_numel_q(&p), p.dtype);
+    float *kk = attn_host_to_f32(t.k, attn_numel_kv(&p), p.dtype);
+    float *v = attn_host_to_f32(t.v, attn_numel_kv(&p), p.dtype);
+    float *d_o = attn_host_to_f32(t.d_o, attn_numel_q(&p), p.dtype);
+    cr_assert_eq(attn_oracle_f32(&p, q, kk, v, d_o, ATTN_BACKWARD, &s, &part), -1,
+                 "an assisted sample without the run's outputs must be refused");
+    free(q); free(kk); free(v); free(d_o);
+    cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, &s, &part), 0);
+    double worst = 0.0;
+    for (int k = 0; k < 3; k++)
+        for (int c = 0; c < p.d; c++) {
+            const size_t qi = (((size_t)1 * p.N_q + qrows[k]) * p.H + 3) * p.d + c;
+            const size_t ki = (((size_t)1 * p.N_k + krows[k]) * p.H_kv + 1) * p.d + c;
+            cr_assert_float_eq(part.o[qi], full.o[qi], 1e-12);
+            const double pairs[3][2] = { { part.dq[qi], full.dq[qi] }, { part.dk[ki], full.dk[ki] },
+                                         { part.dv[ki], full.dv[ki] } };
+            for (int w = 0; w < 3; w++) {
+                const double err = fabs(pairs[w][0] - pairs[w][1]) / (fabs(pairs[w][1]) + 1.0);
+                if (err > worst) worst = err;
+            }
+        }
+    cr_assert(worst < 4 * attn_unit_roundoff(p.dtype), "assisted vs full: %g", worst);
+    cr_assert(worst > 0.0, "the run's rounded O must make some difference (the check can fail)");
     attn_sample_free(&s);
     attn_ref_free(&full); attn_ref_free(&part);
     attn_host_free(&t);
