@@ -12,6 +12,8 @@
  * Query head h reads key/value head h / (H / H_kv) (GQA; MQA when H_kv = 1).
  * Causal: key j is visible to query i iff j <= i (top-left aligned, as PyTorch's
  * is_causal), so with N_q > N_k every row still sees key 0.
+ * Sliding window W (window > 0): query i also needs i - W < j, and without causal j < i + W
+ * (|i - j| < W). A row that sees no key at all has O = 0 and L = -inf.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -35,6 +37,7 @@ typedef struct {
     int N_q, N_k;       /* query and key sequence lengths (>= 1) */
     int d;              /* head dim */
     int causal;         /* 0 or 1, see above */
+    int window;         /* sliding window W, see above; 0: none */
     float scale;        /* softmax scale, default 1/sqrt(d) */
     attn_dtype dtype;   /* of Q, K, V, O, dO, dQ, dK, dV */
     int deterministic;  /* backward: reduce dQ deterministically (stages that offer it) */
@@ -69,6 +72,7 @@ typedef struct attn_stage {
      * after each launch), cudaSuccess otherwise. No synchronisation needed. */
     cudaError_t (*forward)(const attn_problem *p, const attn_args *a, cudaStream_t s);
     cudaError_t (*backward)(const attn_problem *p, const attn_args *a, cudaStream_t s); /* NULL: none */
+    int masks;              /* 1 if it runs problems with a window; 0 (unset): the harness refuses them */
 } attn_stage;
 
 /* Host, from the harness: the shared memory a block may opt in to on the current device, in

@@ -17,7 +17,7 @@
 enum {
     OPT_BATCH = 256, OPT_HEADS, OPT_KV_HEADS, OPT_SEQLEN, OPT_SEQLEN_Q, OPT_SEQLEN_K, OPT_DIM,
     OPT_CAUSAL, OPT_DTYPE, OPT_SCALE, OPT_SEED, OPT_CHECK, OPT_BENCH, OPT_BACKWARD,
-    OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP
+    OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP, OPT_WINDOW
 };
 
 static const struct option long_opts[] = {
@@ -29,6 +29,7 @@ static const struct option long_opts[] = {
     { "seqlen-k", required_argument, NULL, OPT_SEQLEN_K },
     { "dim", required_argument, NULL, OPT_DIM },
     { "causal", no_argument, NULL, OPT_CAUSAL },
+    { "window", required_argument, NULL, OPT_WINDOW },
     { "dtype", required_argument, NULL, OPT_DTYPE },
     { "scale", required_argument, NULL, OPT_SCALE },
     { "seed", required_argument, NULL, OPT_SEED },
@@ -60,6 +61,9 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "  --seqlen-k Nk    key length (overrides --seqlen)\n"
         "  --dim d          head dim (default 64)\n"
         "  --causal         causal mask, top-left: key j visible to query i iff j <= i\n"
+        "  --window W       sliding window: also i - W < j (and, without --causal, j < i + W);\n"
+        "                   a row that sees no key gets O = 0, L = -inf; TFLOP/s count the\n"
+        "                   visible pairs (stages without masks refuse it)\n"
         "  --dtype T        bf16 or fp16 (default bf16)\n"
         "  --scale s        softmax scale (default 1/sqrt(d))\n"
         "  --seed n         input seed (default 1)\n"
@@ -133,6 +137,7 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         case OPT_SEQLEN_K: rc = parse_pos_int(name, optarg, &nk, err); c->nk_set = 1; break;
         case OPT_DIM: rc = parse_pos_int(name, optarg, &c->p.d, err); break;
         case OPT_CAUSAL: c->p.causal = 1; break;
+        case OPT_WINDOW: rc = parse_pos_int(name, optarg, &c->p.window, err); break;
         case OPT_DTYPE: dtype = optarg; break;
         case OPT_SCALE: {
             errno = 0;
@@ -227,7 +232,10 @@ int attn_csv_append(const char *path, const char *gpu, const char *stage, const 
     csv_clean(g, sizeof g, gpu);
     for (char *s = g; *s; s++)
         if (*s == ' ') *s = '-';
-    csv_clean(n, sizeof n, note);
+    /* the CSV has no window column: a windowed row says so first in its note */
+    char wn[ATTN_MSG_LEN];
+    if (p->window > 0) snprintf(wn, sizeof wn, "window=%d%s%s", p->window, note && *note ? "; " : "", note ? note : "");
+    csv_clean(n, sizeof n, p->window > 0 ? wn : note);
     char ms[32] = "", tf[32] = "";
     if (median_ms > 0) {
         snprintf(ms, sizeof ms, "%.6g", median_ms);

@@ -47,8 +47,11 @@ int    attn_problem_validate(const attn_problem *p, char *why);
 size_t attn_numel_q(const attn_problem *p);   /* B*N_q*H*d   (Q, O, dO, dQ) */
 size_t attn_numel_kv(const attn_problem *p);  /* B*N_k*H_kv*d (K, V, dK, dV) */
 size_t attn_numel_lse(const attn_problem *p); /* B*H*N_q */
-/* FLOPs of one call: forward 4*B*H*N_q*N_k*d (half when causal), backward 2.5x that. */
+/* FLOPs of one call: forward 4*B*H*N_q*N_k*d (half when causal; with a window, 4*B*H*d per
+ * visible (query, key) pair), backward 2.5x that. */
 double attn_flops(const attn_problem *p, attn_dir dir);
+/* The keys query row i sees (causal and window, attn.h): [*lo, *hi), empty if *lo == *hi. */
+void   attn_visible_keys(const attn_problem *p, int i, int *lo, int *hi);
 /* "01_naive forward bf16 B=2 H=4 Hkv=4 Nq=1000 Nk=1000 d=64 causal=0" into buf. */
 void   attn_problem_str(const attn_problem *p, const char *stage, attn_dir dir, char *buf, size_t n);
 

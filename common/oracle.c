@@ -1,6 +1,6 @@
 /* common/oracle.c: the reference. Plain float64 attention on the CPU, row by row, from
  * the same rounded 16-bit inputs the GPU sees:
- *   forward   S = scale Q K^T (masked when causal), L_i = log sum_j exp(S_ij), O = P V
+ *   forward   S = scale Q K^T (masked: causal, window), L_i = log sum_j exp(S_ij), O = P V
  *             with P_ij = exp(S_ij - L_i)
  *   backward  D_i = dO_i . O_i (float64 O of the oracle), dP_ij = dO_i . V_j,
  *             dS_ij = P_ij (dP_ij - D_i), dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO,
@@ -180,11 +180,6 @@ static double dot(const float *a, const float *b, int d)
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-/* number of keys query row i sees: causal top-left, key j visible iff j <= i */
-static int visible(const attn_problem *p, int i)
-{
-    return p->causal ? (i + 1 < p->N_k ? i + 1 : p->N_k) : p->N_k;
-}
 
 static const float *qrow(const octx *c, const float *x, int b, int i, int h)
 {
@@ -203,18 +198,19 @@ static void fwd_row(octx *c, size_t r, double *s)
 {
     const attn_problem *p = c->p;
     int h = (int)(r % p->H), i = (int)((r / p->H) % p->N_q), b = (int)(r / p->H / p->N_q);
-    int g = h / c->G, n = visible(p, i), d = p->d;
+    int g = h / c->G, d = p->d, lo, hi;
+    attn_visible_keys(p, i, &lo, &hi);   /* none: m = -inf, l = 0: O = 0, L = -inf */
     const float *qi = qrow(c, c->q, b, i, h);
     double m = -INFINITY;
-    for (int j = 0; j < n; j++) {
+    for (int j = lo; j < hi; j++) {
         s[j] = (double)p->scale * dot(qi, kvrow(c, c->k, b, j, g), d);
         if (s[j] > m) m = s[j];
     }
     double l = 0.0;
-    for (int j = 0; j < n; j++) { s[j] = exp(s[j] - m); l += s[j]; }
+    for (int j = lo; j < hi; j++) { s[j] = exp(s[j] - m); l += s[j]; }
     double *o = c->r->o + r * d, *om = c->r->o_m + r * d;
     for (int e = 0; e < d; e++) o[e] = om[e] = 0.0;
-    for (int j = 0; j < n; j++) {
+    for (int j = lo; j < hi; j++) {
         const float *vj = kvrow(c, c->v, b, j, g);
         double pj = s[j] / l;
         for (int e = 0; e < d; e++) {
@@ -247,11 +243,11 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
     const int d = p->d, Nk = p->N_k;
     const int h = (int)(rs[0] % p->H), b = (int)(rs[0] / p->H / p->N_q), g = h / c->G;
     double m[SAMPLE_ROWS], l[SAMPLE_ROWS];
-    int n[SAMPLE_ROWS];
+    int lo[SAMPLE_ROWS], hi[SAMPLE_ROWS];
     const float *qi[SAMPLE_ROWS];
     for (int t = 0; t < rows; t++) {
         const int i = (int)((rs[t] / p->H) % p->N_q);
-        n[t] = visible(p, i);
+        attn_visible_keys(p, i, &lo[t], &hi[t]);
         qi[t] = qrow(c, c->q, b, i, h);
         m[t] = -INFINITY;
         l[t] = 0.0;
@@ -259,7 +255,7 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
     for (int j = 0; j < Nk; j++) {
         const float *kj = kvrow(c, c->k, b, j, g);
         for (int t = 0; t < rows; t++) {
-            if (j >= n[t]) continue;
+            if (j < lo[t] || j >= hi[t]) continue;
             double *st = s + (size_t)t * Nk;
             st[j] = (double)p->scale * dot(qi[t], kj, d);
             if (st[j] > m[t]) m[t] = st[j];
@@ -267,14 +263,14 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
     }
     for (int t = 0; t < rows; t++) {
         double *st = s + (size_t)t * Nk;
-        for (int j = 0; j < n[t]; j++) { st[j] = exp(st[j] - m[t]); l[t] += st[j]; }
+        for (int j = lo[t]; j < hi[t]; j++) { st[j] = exp(st[j] - m[t]); l[t] += st[j]; }
         double *o = c->r->o + rs[t] * d, *om = c->r->o_m + rs[t] * d;
         for (int e = 0; e < d; e++) o[e] = om[e] = 0.0;
     }
     for (int j = 0; j < Nk; j++) {
         const float *vj = kvrow(c, c->v, b, j, g);
         for (int t = 0; t < rows; t++) {
-            if (j >= n[t]) continue;
+            if (j < lo[t] || j >= hi[t]) continue;
             double *o = c->r->o + rs[t] * d, *om = c->r->o_m + rs[t] * d;
             double pj = s[(size_t)t * Nk + j] / l[t];
             for (int e = 0; e < d; e++) {
@@ -296,7 +292,8 @@ static void dq_row(octx *c, size_t r)
 {
     const attn_problem *p = c->p;
     int h = (int)(r % p->H), i = (int)((r / p->H) % p->N_q), b = (int)(r / p->H / p->N_q);
-    int g = h / c->G, n = visible(p, i), d = p->d;
+    int g = h / c->G, d = p->d, lo, hi;
+    attn_visible_keys(p, i, &lo, &hi);
     const float *qi = qrow(c, c->q, b, i, h), *doi = qrow(c, c->d_o, b, i, h);
     double L = lse_of(c, ((size_t)b * p->H + h) * p->N_q + i), D = c->D[r];
     double *dq = c->r->dq + r * d, *dqm = c->r->dq_m + r * d;
@@ -304,7 +301,7 @@ static void dq_row(octx *c, size_t r)
     for (int e = 0; e < d; e++) dq[e] = dqm[e] = 0.0;
     if (acc_pk)
         for (int e = 0; e < d; e++) acc_pk[e] = 0.0;
-    for (int j = 0; j < n; j++) {
+    for (int j = lo; j < hi; j++) {
         const float *kj = kvrow(c, c->k, b, j, g);
         double P = exp((double)p->scale * dot(qi, kj, d) - L);
         double dS = P * (dot(doi, kvrow(c, c->v, b, j, g), d) - D);
@@ -338,6 +335,9 @@ static void dkv_row(octx *c, size_t r)
     int i0 = p->causal ? j : 0; /* causal: only queries i >= j see key j */
     for (int h = g * c->G; h < (g + 1) * c->G; h++)
         for (int i = i0; i < p->N_q; i++) {
+            int lo, hi;
+            attn_visible_keys(p, i, &lo, &hi);
+            if (j < lo || j >= hi) continue;   /* a window: key j outside row i's */
             size_t qr = ((size_t)b * p->N_q + i) * p->H + h;
             const float *qi = qrow(c, c->q, b, i, h), *doi = qrow(c, c->d_o, b, i, h);
             double L = lse_of(c, ((size_t)b * p->H + h) * p->N_q + i);

@@ -34,6 +34,10 @@ int attn_problem_validate(const attn_problem *p, char *why)
         snprintf(why, ATTN_MSG_LEN, "--scale must be a positive finite number");
         return -1;
     }
+    if (p->window < 0) {
+        snprintf(why, ATTN_MSG_LEN, "--window must be >= 1 (0: no window)");
+        return -1;
+    }
     if (p->dtype != ATTN_BF16 && p->dtype != ATTN_FP16) {
         snprintf(why, ATTN_MSG_LEN, "unknown dtype");
         return -1;
@@ -46,21 +50,47 @@ size_t attn_numel_q(const attn_problem *p) { return (size_t)p->B * p->N_q * p->H
 size_t attn_numel_kv(const attn_problem *p) { return (size_t)p->B * p->N_k * p->H_kv * p->d; }
 size_t attn_numel_lse(const attn_problem *p) { return (size_t)p->B * p->H * p->N_q; }
 
+/* The keys query row i sees: [*lo, *hi) (empty when *lo >= *hi). See attn.h. */
+void attn_visible_keys(const attn_problem *p, int i, int *lo, int *hi)
+{
+    int a = 0, b = p->N_k;
+    if (p->causal && i + 1 < b) b = i + 1;
+    if (p->window > 0) {
+        if (i - p->window + 1 > a) a = i - p->window + 1;
+        if (!p->causal && i + p->window < b) b = i + p->window;
+    }
+    *lo = a;
+    *hi = b > a ? b : a;
+}
+
 /* The one FLOP formula: two matmuls of 2*N_q*N_k*d each per head, half of it when causal
- * (counted as N_q*N_k/2, the usual convention); the backward does 2.5x the forward's work. */
+ * (counted as N_q*N_k/2, the usual convention); with a window, the (query, key) pairs that are
+ * visible, counted exactly, as FlexAttention reports its masks; the backward does 2.5x the
+ * forward's work. */
 double attn_flops(const attn_problem *p, attn_dir dir)
 {
-    double f = 4.0 * p->B * p->H * (double)p->N_q * p->N_k * p->d;
-    if (p->causal) f *= 0.5;
+    double pairs = (double)p->N_q * p->N_k;
+    if (p->window > 0) {
+        pairs = 0.0;
+        for (int i = 0; i < p->N_q; i++) {
+            int lo, hi;
+            attn_visible_keys(p, i, &lo, &hi);
+            pairs += hi - lo;
+        }
+    } else if (p->causal) {
+        pairs *= 0.5;
+    }
+    double f = 4.0 * p->B * p->H * pairs * p->d;
     if (dir == ATTN_BACKWARD) f *= 2.5;
     return f;
 }
 
 void attn_problem_str(const attn_problem *p, const char *stage, attn_dir dir, char *buf, size_t n)
 {
-    snprintf(buf, n, "%s %s %s B=%d H=%d Hkv=%d Nq=%d Nk=%d d=%d causal=%d", stage,
-             dir == ATTN_BACKWARD ? "backward" : "forward", attn_dtype_name(p->dtype), p->B, p->H,
-             p->H_kv, p->N_q, p->N_k, p->d, p->causal);
+    int k = snprintf(buf, n, "%s %s %s B=%d H=%d Hkv=%d Nq=%d Nk=%d d=%d causal=%d", stage,
+                     dir == ATTN_BACKWARD ? "backward" : "forward", attn_dtype_name(p->dtype), p->B,
+                     p->H, p->H_kv, p->N_q, p->N_k, p->d, p->causal);
+    if (p->window > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " window=%d", p->window);
 }
 
 int attn_host_alloc(attn_host *t, const attn_problem *p, int backward)

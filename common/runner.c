@@ -111,6 +111,10 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
         snprintf(info->why, sizeof info->why, "has no backward pass");
         return info->status = ATTN_RUN_REFUSED;
     }
+    if (p->window > 0 && !st->masks) {
+        snprintf(info->why, sizeof info->why, "has no sliding window (--window %d): a dense stage", p->window);
+        return info->status = ATTN_RUN_REFUSED;
+    }
     if (bwd && !t->backward) {
         snprintf(info->why, sizeof info->why, "internal: host tensors allocated without backward");
         return info->status = ATTN_RUN_REFUSED;

@@ -52,6 +52,33 @@ Test(cli, flags)
     cr_assert_eq(parse(&c, "--help --heads 0", err), 2, "values are checked even with --help");
     cr_assert_eq(parse(&c, "--help", err), 0);
     cr_assert(c.help);
+    cr_assert_eq(parse(&c, "--window 256 --causal", err), 0, "%s", err);
+    cr_assert(c.p.window == 256 && c.p.causal);
+    char s[256];
+    attn_problem_str(&c.p, "x", ATTN_FORWARD, s, sizeof s);
+    cr_assert(strstr(s, "window=256") != NULL, "%s", s);
+}
+
+/* With a window the FLOP count is the visible (query, key) pairs, exactly: causal window W at
+ * N >= W: W (W + 1) / 2 pairs for the first W rows, then W a row; without causal, the band. */
+Test(cli, window_flops_count_the_visible_pairs)
+{
+    attn_problem p;
+    attn_problem_default(&p);
+    p.B = 1; p.H = 1; p.d = 1; p.N_q = p.N_k = 100; p.causal = 1; p.window = 10;
+    cr_assert_float_eq(attn_flops(&p, ATTN_FORWARD), 4.0 * (10 * 11 / 2 + 90 * 10), 1e-9);
+    p.causal = 0;   /* row i sees [max(0, i-9), min(100, i+10)) */
+    double pairs = 0;
+    for (int i = 0; i < 100; i++) pairs += (i + 10 < 100 ? i + 10 : 100) - (i - 9 > 0 ? i - 9 : 0);
+    cr_assert_float_eq(attn_flops(&p, ATTN_FORWARD), 4.0 * pairs, 1e-9);
+    p.window = 1000;   /* a window wider than the sequence: every pair */
+    cr_assert_float_eq(attn_flops(&p, ATTN_FORWARD), 4.0 * 100 * 100, 1e-9);
+    int lo, hi;
+    p.N_q = 50; p.N_k = 10; p.window = 5;
+    attn_visible_keys(&p, 20, &lo, &hi);
+    cr_assert(lo == hi, "row 20 of 50 sees none of 10 keys through a window of 5: [%d, %d)", lo, hi);
+    attn_visible_keys(&p, 12, &lo, &hi);
+    cr_assert(lo == 8 && hi == 10, "[%d, %d)", lo, hi);
 }
 
 Test(cli, bad_input_is_exit_2)
@@ -59,7 +86,8 @@ Test(cli, bad_input_is_exit_2)
     const char *bad[] = { "--heads abc", "--heads 0", "--heads -3", "--batch 2x", "--dim 1e3",
                           "--heads 6 --kv-heads 4", "--dtype fp32", "--dtype", "--scale 0",
                           "--scale nan", "--scale x", "--seed -1", "--seqlen 99999999999",
-                          "--frobnicate", "positional", "-x" };
+                          "--frobnicate", "positional", "-x", "--window 0", "--window -4",
+                          "--window x" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         attn_cli c;
         char err[ATTN_MSG_LEN] = { 0 };

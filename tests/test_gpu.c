@@ -293,6 +293,31 @@ Test(gpu, program_sampled_check, .timeout = 300)
     }
 }
 
+/* No stage of the ladder has masks yet: every one refuses a sliding window with the reason,
+ * forward and backward, instead of computing dense attention for it. */
+Test(gpu, dense_stages_refuse_a_window, .timeout = 120)
+{
+    need_gpu();
+    attn_problem p = test_problem(1, 2, 2, 100, 100, 64, 1);
+    p.window = 16;
+    for (int si = 0; si <= attn_nstages; si++) {
+        const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
+        if (!st || st->masks) continue;
+        for (int dir = 0; dir <= 1; dir++) {
+            attn_host t;
+            cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+            attn_host_fill(&t, 7, ATTN_INPUT_NORMAL);
+            attn_run_info info;
+            attn_run_opts opts = { 0, 1 };
+            const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
+            attn_host_free(&t);
+            cr_assert_eq(rs, ATTN_RUN_REFUSED, "%s %s ran a window", st->name, dir ? "backward" : "forward");
+            cr_assert(strstr(info.why, "window") || strstr(info.why, "backward") || strstr(info.why, "capability"),
+                      "%s: refused without the reason: %s", st->name, info.why);
+        }
+    }
+}
+
 /* A backward too big for the oracle's own forward of one head (N = 16384, d = 128: 3.4e10
  * multiply-adds a head) is checked with the run's L and O (an assisted sample), not skipped:
  * the last ladder stage with a backward, on sampled rows. */

@@ -224,6 +224,62 @@ Test(oracle, backward_matches_finite_differences)
     fd_check(test_problem(1, 2, 1, 3, 4, 3, 0));
     fd_check(test_problem(1, 2, 1, 5, 3, 3, 1));
     fd_check(test_problem(2, 2, 2, 3, 3, 2, 1));
+    attn_problem p = test_problem(1, 2, 1, 6, 5, 3, 1);
+    p.window = 2;   /* a causal sliding window */
+    fd_check(p);
+    p.causal = 0;   /* and a band, rows 5 past the keys seeing none */
+    p.N_q = 8;
+    fd_check(p);
+}
+
+/* A sliding window: as wide as the sequence, it changes nothing (bitwise); of width 1 with
+ * causal, row i sees key i alone (O_i = V_i, L_i = S_ii); rows that see no key get O = 0 and
+ * L = -inf, which the check accepts only as -inf. */
+Test(oracle, sliding_window)
+{
+    attn_problem p = test_problem(1, 2, 1, 40, 30, 8, 1);
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, 5, ATTN_INPUT_NORMAL);
+    attn_ref a, b;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &a), 0);
+    t.p.window = 40;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &b), 0);
+    for (size_t e = 0; e < attn_numel_q(&p); e++) cr_assert(a.o[e] == b.o[e], "o[%zu]", e);
+    attn_ref_free(&b);
+    t.p.window = 1;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &b), 0);
+    for (int i = 0; i < p.N_k; i++)
+        for (int c = 0; c < p.d; c++) {
+            const size_t oi = ((size_t)i * p.H + 1) * p.d + c, vi = ((size_t)i * p.H_kv + 0) * p.d + c;
+            cr_assert_float_eq(b.o[oi], attn_to_f32(t.v[vi], p.dtype), 1e-12);
+        }
+    attn_ref_free(&a); attn_ref_free(&b);
+    t.p.causal = 0; t.p.window = 5;   /* rows 34 .. 39 are 5 or more past the last key */
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &b), 0);
+    for (int i = 0; i < p.N_q; i++) {
+        const double L = b.lse[(size_t)1 * p.N_q + i];
+        if (i >= 34) {
+            cr_assert(L == -INFINITY, "row %d: L = %g", i, L);
+            for (int c = 0; c < p.d; c++) cr_assert(b.o[((size_t)i * p.H + 1) * p.d + c] == 0.0);
+        } else {
+            cr_assert(isfinite(L), "row %d", i);
+        }
+    }
+    for (size_t e = 0; e < attn_numel_lse(&p); e++) t.lse[e] = (float)b.lse[e];
+    for (size_t e = 0; e < attn_numel_q(&p); e++) t.o[e] = attn_from_f32((float)b.o[e], p.dtype);
+    attn_cmp c;
+    cr_assert_eq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, 1.0), 0,
+                 "-inf against -inf passes");
+    t.lse[(size_t)1 * p.N_q + 36] = 0.0f;
+    cr_assert_neq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, 1.0), 0,
+                  "a finite L where no key is visible fails");
+    t.lse[(size_t)1 * p.N_q + 36] = -INFINITY;
+    t.lse[(size_t)1 * p.N_q + 3] = -INFINITY;
+    cr_assert_neq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, 1.0), 0,
+                  "-inf where keys are visible fails");
+    attn_ref_free(&b);
+    attn_host_free(&t);
 }
 
 Test(oracle, sampling_covers_big_shapes)
