@@ -13,7 +13,10 @@
  * Causal: key j is visible to query i iff j <= i (top-left aligned, as PyTorch's
  * is_causal), so with N_q > N_k every row still sees key 0.
  * Sliding window W (window > 0): query i also needs i - W < j, and without causal j < i + W
- * (|i - j| < W). A row that sees no key at all has O = 0 and L = -inf.
+ * (|i - j| < W). Block mask (block_mask = 1): query i also needs the entry of tile
+ * (i / ATTN_MASK_TILE, j / ATTN_MASK_TILE) of its (batch, head) to be 1: a uint8 array
+ * [bm_b][bm_h][ceil(N_q / 128)][ceil(N_k / 128)], bm_b = 1 or B and bm_h = 1 or H (broadcast),
+ * on the device in attn_args.block_mask. A row that sees no key at all has O = 0, L = -inf.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -38,6 +41,10 @@ typedef struct {
     int d;              /* head dim */
     int causal;         /* 0 or 1, see above */
     int window;         /* sliding window W, see above; 0: none */
+    int block_mask;     /* 1: a block mask applies, see above */
+    int bm_b, bm_h;     /* its batch and head extents (1: broadcast) */
+    double pairs;       /* with a block mask: the visible (query, key) pairs over all (b, h), for
+                         * the FLOP count (attn_mask_pairs); 0 otherwise */
     float scale;        /* softmax scale, default 1/sqrt(d) */
     attn_dtype dtype;   /* of Q, K, V, O, dO, dQ, dK, dV */
     int deterministic;  /* backward: reduce dQ deterministically (stages that offer it) */
@@ -50,11 +57,13 @@ typedef struct {
     float *lse;         /* forward writes; backward reads */
     const void *d_o;    /* backward only: dO */
     void *dq, *dk, *dv; /* backward only: written (the harness poisons them first) */
+    const unsigned char *block_mask; /* the block mask on the device (p.block_mask), or NULL */
     void *ws;           /* workspace of stage->workspace(p, dir) bytes, 256-byte aligned, */
     size_t ws_bytes;    /* contents undefined on entry (poisoned by the harness)          */
 } attn_args;
 
 #define ATTN_WHY_LEN 256
+#define ATTN_MASK_TILE 128   /* rows and columns of a block mask's tile */
 
 typedef struct attn_stage {
     const char *name;       /* "01_naive": the directory name under stages/ */
@@ -72,7 +81,7 @@ typedef struct attn_stage {
      * after each launch), cudaSuccess otherwise. No synchronisation needed. */
     cudaError_t (*forward)(const attn_problem *p, const attn_args *a, cudaStream_t s);
     cudaError_t (*backward)(const attn_problem *p, const attn_args *a, cudaStream_t s); /* NULL: none */
-    int masks;              /* 1 if it runs problems with a window; 0 (unset): the harness refuses them */
+    int masks;              /* 1 if it runs windows and block masks; 0 (unset): the harness refuses them */
 } attn_stage;
 
 /* Host, from the harness: the shared memory a block may opt in to on the current device, in

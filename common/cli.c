@@ -17,7 +17,7 @@
 enum {
     OPT_BATCH = 256, OPT_HEADS, OPT_KV_HEADS, OPT_SEQLEN, OPT_SEQLEN_Q, OPT_SEQLEN_K, OPT_DIM,
     OPT_CAUSAL, OPT_DTYPE, OPT_SCALE, OPT_SEED, OPT_CHECK, OPT_BENCH, OPT_BACKWARD,
-    OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP, OPT_WINDOW
+    OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP, OPT_WINDOW, OPT_MASK, OPT_BLOCK_MASK
 };
 
 static const struct option long_opts[] = {
@@ -30,6 +30,8 @@ static const struct option long_opts[] = {
     { "dim", required_argument, NULL, OPT_DIM },
     { "causal", no_argument, NULL, OPT_CAUSAL },
     { "window", required_argument, NULL, OPT_WINDOW },
+    { "mask", required_argument, NULL, OPT_MASK },
+    { "block-mask", required_argument, NULL, OPT_BLOCK_MASK },
     { "dtype", required_argument, NULL, OPT_DTYPE },
     { "scale", required_argument, NULL, OPT_SCALE },
     { "seed", required_argument, NULL, OPT_SEED },
@@ -64,6 +66,10 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "  --window W       sliding window: also i - W < j (and, without --causal, j < i + W);\n"
         "                   a row that sees no key gets O = 0, L = -inf; TFLOP/s count the\n"
         "                   visible pairs (stages without masks refuse it)\n"
+        "  --mask PATTERN   a block mask (tiles of 128 x 128, ANDed with --causal, --window):\n"
+        "                   random:D (density D, from --seed), or local:W, global:G, strided:S\n"
+        "                   joined by commas (local:1024,global:256); TFLOP/s count visible pairs\n"
+        "  --block-mask F   the block mask from F.npy, uint8 or bool [1 or B, 1 or H, Tq, Tk]\n"
         "  --dtype T        bf16 or fp16 (default bf16)\n"
         "  --scale s        softmax scale (default 1/sqrt(d))\n"
         "  --seed n         input seed (default 1)\n"
@@ -138,6 +144,8 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         case OPT_DIM: rc = parse_pos_int(name, optarg, &c->p.d, err); break;
         case OPT_CAUSAL: c->p.causal = 1; break;
         case OPT_WINDOW: rc = parse_pos_int(name, optarg, &c->p.window, err); break;
+        case OPT_MASK: c->mask_spec = optarg; break;
+        case OPT_BLOCK_MASK: c->mask_file = optarg; break;
         case OPT_DTYPE: dtype = optarg; break;
         case OPT_SCALE: {
             errno = 0;
@@ -232,10 +240,16 @@ int attn_csv_append(const char *path, const char *gpu, const char *stage, const 
     csv_clean(g, sizeof g, gpu);
     for (char *s = g; *s; s++)
         if (*s == ' ') *s = '-';
-    /* the CSV has no window column: a windowed row says so first in its note */
-    char wn[ATTN_MSG_LEN];
-    if (p->window > 0) snprintf(wn, sizeof wn, "window=%d%s%s", p->window, note && *note ? "; " : "", note ? note : "");
-    csv_clean(n, sizeof n, p->window > 0 ? wn : note);
+    /* the CSV has no mask columns: a row with a window or a block mask says so first in its
+     * note, with the density of visible pairs (its TFLOP/s count only those) */
+    char wn[ATTN_MSG_LEN] = "";
+    size_t k = 0;
+    if (p->window > 0) k += (size_t)snprintf(wn + k, sizeof wn - k, "window=%d; ", p->window);
+    if (p->block_mask && k < sizeof wn)
+        k += (size_t)snprintf(wn + k, sizeof wn - k, "block-mask density=%.4g; ",
+                              p->pairs / ((double)p->B * p->H * (double)p->N_q * p->N_k));
+    if (k && k < sizeof wn) snprintf(wn + k, sizeof wn - k, "%s", note ? note : "");
+    csv_clean(n, sizeof n, k ? wn : note);
     char ms[32] = "", tf[32] = "";
     if (median_ms > 0) {
         snprintf(ms, sizeof ms, "%.6g", median_ms);
@@ -297,6 +311,22 @@ int attn_main(const attn_stage *st, int argc, char **argv)
             return 2;
         }
         attn_host_fill(&t, c.seed, ATTN_INPUT_NORMAL);
+    }
+    /* the block mask, for the sizes now known (--load may have set them) */
+    if (c.mask_spec || c.mask_file) {
+        if (c.mask_spec && c.mask_file) {
+            snprintf(err, sizeof err, "--mask and --block-mask: give one of them");
+        } else if (c.mask_spec ? attn_mask_generate(&t.p, &t.block_mask, c.mask_spec, c.seed, err)
+                               : attn_mask_load(&t.p, &t.block_mask, c.mask_file, err)) {
+        } else {
+            err[0] = 0;
+        }
+        if (err[0]) {
+            fprintf(stderr, "%s: %s\n", st->name, err);
+            attn_host_free(&t);
+            return 2;
+        }
+        p = t.p;
     }
 
     char desc[256];

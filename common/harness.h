@@ -52,6 +52,28 @@ size_t attn_numel_lse(const attn_problem *p); /* B*H*N_q */
 double attn_flops(const attn_problem *p, attn_dir dir);
 /* The keys query row i sees (causal and window, attn.h): [*lo, *hi), empty if *lo == *hi. */
 void   attn_visible_keys(const attn_problem *p, int i, int *lo, int *hi);
+
+/* ---- block masks (mask.c) ------------------------------------------------------------- */
+
+/* Tiles of a block mask along the queries and the keys: ceil(N / ATTN_MASK_TILE). */
+int    attn_mask_tiles_q(const attn_problem *p);
+int    attn_mask_tiles_k(const attn_problem *p);
+size_t attn_mask_bytes(const attn_problem *p);
+/* The entry of tile (tq, tk) for (b, h) of mask (broadcast over bm_b, bm_h). */
+int    attn_mask_at(const attn_problem *p, const unsigned char *mask, int b, int h, int tq, int tk);
+/* Visible (query, key) pairs over every (b, h): causal, window and the mask together. */
+double attn_mask_pairs(const attn_problem *p, const unsigned char *mask);
+/* A mask from a pattern, for p's sizes: "random:D" (each tile visible with probability D, from
+ * seed), "local:W" (tiles within W tokens of the diagonal), "global:G" (the first G tokens'
+ * tiles, as queries and as keys), joined by commas to OR them ("local:1024,global:256"), or
+ * "strided:S" (key tiles whose distance from the query tile is a multiple of S tiles). Sets
+ * p->block_mask, bm_b = bm_h = 1 (random: one mask per (b, h)) and p->pairs. 0, or -1 with a
+ * one-line err. */
+int    attn_mask_generate(attn_problem *p, unsigned char **mask, const char *spec, uint64_t seed,
+                          char *err);
+/* A mask from a .npy file (uint8 or bool, or float 0/1), shape [1 or B, 1 or H, Tq, Tk] for
+ * p's sizes; sets p's mask fields as above. 0, or -1 with a one-line err. */
+int    attn_mask_load(attn_problem *p, unsigned char **mask, const char *path, char *err);
 /* "01_naive forward bf16 B=2 H=4 Hkv=4 Nq=1000 Nk=1000 d=64 causal=0" into buf. */
 void   attn_problem_str(const attn_problem *p, const char *stage, attn_dir dir, char *buf, size_t n);
 
@@ -71,6 +93,7 @@ typedef struct {
     uint16_t *q, *k, *v, *d_o;   /* inputs */
     uint16_t *o;  float *lse;    /* forward outputs */
     uint16_t *dq, *dk, *dv;      /* backward outputs */
+    unsigned char *block_mask;   /* when p.block_mask: [bm_b][bm_h][Tq][Tk], 0 or 1 (freed with t) */
 } attn_host;
 
 int  attn_host_alloc(attn_host *t, const attn_problem *p, int backward); /* 0 ok, -1 no memory */
@@ -126,7 +149,8 @@ void attn_sample_free(attn_sample *s);
  * run's 16-bit O, as a kernel does. Returns 0, or -1 when out of host memory. */
 int  attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r);
 /* The same from float inputs (the tests perturb them for finite differences); d_o only
- * for the backward; s may be NULL (all rows); an assisted s needs the run's outputs: -1. */
+ * for the backward; s may be NULL (all rows); an assisted s needs the run's outputs, and a
+ * block-masked p its mask (attn_oracle, from t->block_mask): -1. */
 int  attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
                      const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r);
 void attn_ref_free(attn_ref *r);
@@ -241,6 +265,7 @@ typedef struct {
     uint64_t seed;
     int check, bench, help;
     const char *csv, *load, *save;
+    const char *mask_spec, *mask_file;   /* --mask PATTERN, --block-mask FILE.npy */
     int nq_set, nk_set, scale_set;
 } attn_cli;
 

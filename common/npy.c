@@ -1,7 +1,7 @@
 /* common/npy.c: reading and writing NumPy .npy files (format versions 1.0 to 3.0 read,
  * 1.0 written). bf16 has no NumPy dtype, so every 16-bit tensor is written as '<f4'
  * (bf16 and fp16 values are exactly representable in float32): np.load gives the exact
- * values. Reading accepts '<f4' and '<f2', C order only. Any malformed file is an error
+ * values. Reading accepts '<f4' and '<f2' (and '|u1', '|b1' for masks), C order only. Any malformed file is an error
  * message naming the file, never a crash. */
 #include <errno.h>
 #include <math.h>
@@ -127,8 +127,10 @@ int attn_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[8
     int item;
     if (strcmp(descr, "<f4") == 0) item = 4;
     else if (strcmp(descr, "<f2") == 0) item = 2;
+    else if (!strcmp(descr, "|u1") || !strcmp(descr, "|b1") || !strcmp(descr, "<u1")) item = 1;   /* masks */
     else {
-        snprintf(err, ATTN_MSG_LEN, "%s: dtype '%s' not supported (want '<f4' or '<f2')", path, descr);
+        snprintf(err, ATTN_MSG_LEN, "%s: dtype '%s' not supported (want '<f4', '<f2', or for a mask "
+                 "'|u1' or '|b1')", path, descr);
         goto fail;
     }
     /* fortran_order */
@@ -199,6 +201,12 @@ int attn_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[8
     if (!out) { snprintf(err, ATTN_MSG_LEN, "%s: out of memory", path); goto fail; }
     if (item == 4) {
         if (fread(out, 4, numel, f) != numel) goto truncated;
+    } else if (item == 1) {
+        for (size_t i = 0; i < numel; i++) {
+            const int ch = fgetc(f);
+            if (ch == EOF) goto truncated;
+            out[i] = (float)ch;
+        }
     } else {
         uint16_t *tmp = malloc(numel * 2 + 1);
         if (!tmp) { snprintf(err, ATTN_MSG_LEN, "%s: out of memory", path); goto fail; }

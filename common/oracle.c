@@ -161,7 +161,15 @@ typedef struct {
     double *mD;                         /* term magnitude of D: sqrt(sum_c (dO_c O_c)^2) */
     unsigned char *need_fwd;            /* [B*N_q*H] rows whose forward is computed */
     const float *run_lse;               /* assisted: the run's L, read by the gradients */
+    const unsigned char *bmask;         /* the block mask (p->block_mask), or NULL */
 } octx;
+
+/* whether the block mask lets query i of (b, h) see key j (the interval of causal and window
+ * is the loops' bounds) */
+static int tile_on(const octx *c, int b, int h, int i, int j)
+{
+    return !c->bmask || attn_mask_at(c->p, c->bmask, b, h, i / ATTN_MASK_TILE, j / ATTN_MASK_TILE);
+}
 
 /* L of query row (b, h, i) for the gradients: the oracle's own, or the run's (assisted) */
 static double lse_of(const octx *c, size_t idx)
@@ -203,14 +211,17 @@ static void fwd_row(octx *c, size_t r, double *s)
     const float *qi = qrow(c, c->q, b, i, h);
     double m = -INFINITY;
     for (int j = lo; j < hi; j++) {
+        if (!tile_on(c, b, h, i, j)) continue;
         s[j] = (double)p->scale * dot(qi, kvrow(c, c->k, b, j, g), d);
         if (s[j] > m) m = s[j];
     }
     double l = 0.0;
-    for (int j = lo; j < hi; j++) { s[j] = exp(s[j] - m); l += s[j]; }
+    for (int j = lo; j < hi; j++)
+        if (tile_on(c, b, h, i, j)) { s[j] = exp(s[j] - m); l += s[j]; }
     double *o = c->r->o + r * d, *om = c->r->o_m + r * d;
     for (int e = 0; e < d; e++) o[e] = om[e] = 0.0;
     for (int j = lo; j < hi; j++) {
+        if (!tile_on(c, b, h, i, j)) continue;
         const float *vj = kvrow(c, c->v, b, j, g);
         double pj = s[j] / l;
         for (int e = 0; e < d; e++) {
@@ -243,11 +254,12 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
     const int d = p->d, Nk = p->N_k;
     const int h = (int)(rs[0] % p->H), b = (int)(rs[0] / p->H / p->N_q), g = h / c->G;
     double m[SAMPLE_ROWS], l[SAMPLE_ROWS];
-    int lo[SAMPLE_ROWS], hi[SAMPLE_ROWS];
+    int lo[SAMPLE_ROWS], hi[SAMPLE_ROWS], row[SAMPLE_ROWS];
     const float *qi[SAMPLE_ROWS];
     for (int t = 0; t < rows; t++) {
         const int i = (int)((rs[t] / p->H) % p->N_q);
         attn_visible_keys(p, i, &lo[t], &hi[t]);
+        row[t] = i;
         qi[t] = qrow(c, c->q, b, i, h);
         m[t] = -INFINITY;
         l[t] = 0.0;
@@ -255,7 +267,7 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
     for (int j = 0; j < Nk; j++) {
         const float *kj = kvrow(c, c->k, b, j, g);
         for (int t = 0; t < rows; t++) {
-            if (j < lo[t] || j >= hi[t]) continue;
+            if (j < lo[t] || j >= hi[t] || !tile_on(c, b, h, row[t], j)) continue;
             double *st = s + (size_t)t * Nk;
             st[j] = (double)p->scale * dot(qi[t], kj, d);
             if (st[j] > m[t]) m[t] = st[j];
@@ -263,14 +275,15 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
     }
     for (int t = 0; t < rows; t++) {
         double *st = s + (size_t)t * Nk;
-        for (int j = lo[t]; j < hi[t]; j++) { st[j] = exp(st[j] - m[t]); l[t] += st[j]; }
+        for (int j = lo[t]; j < hi[t]; j++)
+            if (tile_on(c, b, h, row[t], j)) { st[j] = exp(st[j] - m[t]); l[t] += st[j]; }
         double *o = c->r->o + rs[t] * d, *om = c->r->o_m + rs[t] * d;
         for (int e = 0; e < d; e++) o[e] = om[e] = 0.0;
     }
     for (int j = 0; j < Nk; j++) {
         const float *vj = kvrow(c, c->v, b, j, g);
         for (int t = 0; t < rows; t++) {
-            if (j < lo[t] || j >= hi[t]) continue;
+            if (j < lo[t] || j >= hi[t] || !tile_on(c, b, h, row[t], j)) continue;
             double *o = c->r->o + rs[t] * d, *om = c->r->o_m + rs[t] * d;
             double pj = s[(size_t)t * Nk + j] / l[t];
             for (int e = 0; e < d; e++) {
@@ -302,6 +315,7 @@ static void dq_row(octx *c, size_t r)
     if (acc_pk)
         for (int e = 0; e < d; e++) acc_pk[e] = 0.0;
     for (int j = lo; j < hi; j++) {
+        if (!tile_on(c, b, h, i, j)) continue;
         const float *kj = kvrow(c, c->k, b, j, g);
         double P = exp((double)p->scale * dot(qi, kj, d) - L);
         double dS = P * (dot(doi, kvrow(c, c->v, b, j, g), d) - D);
@@ -337,7 +351,7 @@ static void dkv_row(octx *c, size_t r)
         for (int i = i0; i < p->N_q; i++) {
             int lo, hi;
             attn_visible_keys(p, i, &lo, &hi);
-            if (j < lo || j >= hi) continue;   /* a window: key j outside row i's */
+            if (j < lo || j >= hi || !tile_on(c, b, h, i, j)) continue;   /* masked out */
             size_t qr = ((size_t)b * p->N_q + i) * p->H + h;
             const float *qi = qrow(c, c->q, b, i, h), *doi = qrow(c, c->d_o, b, i, h);
             double L = lse_of(c, ((size_t)b * p->H + h) * p->N_q + i);
@@ -453,11 +467,13 @@ static void run_D(octx *c, const uint16_t *run_o)
 
 static int oracle(const attn_problem *p, const float *q, const float *k, const float *v,
                   const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r,
-                  const uint16_t *run_o, const float *run_lse)
+                  const uint16_t *run_o, const float *run_lse, const unsigned char *bmask)
 {
     memset(r, 0, sizeof *r);
     if (dir == ATTN_BACKWARD && s && s->assisted && (!run_o || !run_lse)) return -1;
+    if (p->block_mask && !bmask) return -1;
     octx c = { 0 };
+    c.bmask = p->block_mask ? bmask : NULL;
     c.p = p; c.s = s; c.G = p->H / p->H_kv; c.r = r;
     c.q = q; c.k = k; c.v = v; c.d_o = d_o;
     size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p), nrow_q = (size_t)p->B * p->N_q * p->H;
@@ -516,7 +532,7 @@ out:
 int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
                     const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r)
 {
-    return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL);
+    return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL, NULL);
 }
 
 int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r)
@@ -530,7 +546,7 @@ int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref
     int rc = -1;
     memset(r, 0, sizeof *r);
     if (q && k && v && (dir == ATTN_FORWARD || d_o))
-        rc = oracle(p, q, k, v, d_o, dir, s, r, t->o, t->lse);
+        rc = oracle(p, q, k, v, d_o, dir, s, r, t->o, t->lse, t->block_mask);
     free(q); free(k); free(v); free(d_o);
     return rc;
 }

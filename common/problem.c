@@ -70,7 +70,9 @@ void attn_visible_keys(const attn_problem *p, int i, int *lo, int *hi)
 double attn_flops(const attn_problem *p, attn_dir dir)
 {
     double pairs = (double)p->N_q * p->N_k;
-    if (p->window > 0) {
+    if (p->block_mask) {
+        pairs = p->pairs / ((double)p->B * p->H);   /* set with the mask: every (b, h) */
+    } else if (p->window > 0) {
         pairs = 0.0;
         for (int i = 0; i < p->N_q; i++) {
             int lo, hi;
@@ -90,7 +92,10 @@ void attn_problem_str(const attn_problem *p, const char *stage, attn_dir dir, ch
     int k = snprintf(buf, n, "%s %s %s B=%d H=%d Hkv=%d Nq=%d Nk=%d d=%d causal=%d", stage,
                      dir == ATTN_BACKWARD ? "backward" : "forward", attn_dtype_name(p->dtype), p->B,
                      p->H, p->H_kv, p->N_q, p->N_k, p->d, p->causal);
-    if (p->window > 0 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " window=%d", p->window);
+    if (p->window > 0 && k > 0 && (size_t)k < n) k += snprintf(buf + k, n - (size_t)k, " window=%d", p->window);
+    if (p->block_mask && k > 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, " block-mask density=%.3g",
+                 p->pairs / ((double)p->B * p->H * (double)p->N_q * p->N_k));
 }
 
 int attn_host_alloc(attn_host *t, const attn_problem *p, int backward)
@@ -115,7 +120,7 @@ int attn_host_alloc(attn_host *t, const attn_problem *p, int backward)
 void attn_host_free(attn_host *t)
 {
     free(t->q); free(t->k); free(t->v); free(t->d_o);
-    free(t->o); free(t->lse); free(t->dq); free(t->dk); free(t->dv);
+    free(t->o); free(t->lse); free(t->dq); free(t->dk); free(t->dv); free(t->block_mask);
     memset(t, 0, sizeof *t);
 }
 

@@ -61,7 +61,7 @@ int attn_gpu_available(int *count, char *why)
 }
 
 typedef struct {
-    void *q, *k, *v, *o, *d_o, *dq, *dk, *dv, *ws, *flush;
+    void *q, *k, *v, *o, *d_o, *dq, *dk, *dv, *ws, *flush, *mask;
     float *lse;
 } dev_bufs;
 
@@ -115,6 +115,14 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
         snprintf(info->why, sizeof info->why, "has no sliding window (--window %d): a dense stage", p->window);
         return info->status = ATTN_RUN_REFUSED;
     }
+    if (p->block_mask && !st->masks) {
+        snprintf(info->why, sizeof info->why, "has no block masks (--mask, --block-mask): a dense stage");
+        return info->status = ATTN_RUN_REFUSED;
+    }
+    if (p->block_mask && !t->block_mask) {
+        snprintf(info->why, sizeof info->why, "internal: a block-masked problem without its mask");
+        return info->status = ATTN_RUN_REFUSED;
+    }
     if (bwd && !t->backward) {
         snprintf(info->why, sizeof info->why, "internal: host tensors allocated without backward");
         return info->status = ATTN_RUN_REFUSED;
@@ -164,17 +172,21 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
     CHECK(cudaMemGetInfo(&free1, &total1));
     info->memgetinfo_delta = (long long)free0 - (long long)free1;
     if (flush_bytes) CHECK(cudaMalloc(&d.flush, flush_bytes)); /* outside the measured part */
+    if (p->block_mask) CHECK(cudaMalloc(&d.mask, attn_mask_bytes(p)));
 
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CHECK(cudaMemcpyAsync(d.q, t->q, nq * 2, cudaMemcpyHostToDevice, stream));
     CHECK(cudaMemcpyAsync(d.k, t->k, nkv * 2, cudaMemcpyHostToDevice, stream));
     CHECK(cudaMemcpyAsync(d.v, t->v, nkv * 2, cudaMemcpyHostToDevice, stream));
     if (bwd) CHECK(cudaMemcpyAsync(d.d_o, t->d_o, nq * 2, cudaMemcpyHostToDevice, stream));
+    if (p->block_mask)
+        CHECK(cudaMemcpyAsync(d.mask, t->block_mask, attn_mask_bytes(p), cudaMemcpyHostToDevice, stream));
 
     attn_args a = { 0 };
     a.q = d.q; a.k = d.k; a.v = d.v; a.o = d.o; a.lse = d.lse;
     a.d_o = d.d_o; a.dq = d.dq; a.dk = d.dk; a.dv = d.dv;
     a.ws = d.ws; a.ws_bytes = ws_f;
+    a.block_mask = (const unsigned char *)d.mask;
 
     /* forward: poison, run, sync, copy back */
     CHECK(cudaMemsetAsync(d.o, 0xFF, nq * 2, stream));
@@ -249,6 +261,6 @@ out:
     if (stream) cudaStreamDestroy(stream);
     cudaFree(d.q); cudaFree(d.k); cudaFree(d.v); cudaFree(d.o); cudaFree(d.lse);
     cudaFree(d.d_o); cudaFree(d.dq); cudaFree(d.dk); cudaFree(d.dv);
-    cudaFree(d.ws); cudaFree(d.flush);
+    cudaFree(d.ws); cudaFree(d.flush); cudaFree(d.mask);
     return info->status;
 }

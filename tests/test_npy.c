@@ -209,3 +209,39 @@ Test(npy, save_and_load_dir)
     cr_assert(strstr(err, "4-D") != NULL, "%s", err);
     attn_host_free(&t);
 }
+
+/* A block mask from .npy: uint8 and bool, [1 or B, 1 or H, Tq, Tk] for the problem's sizes;
+ * a wrong shape or an entry other than 0 and 1 is one line naming the file. */
+Test(npy, block_mask_files)
+{
+    char path[300], err[ATTN_MSG_LEN];
+    snprintf(path, sizeof path, "%s/m.npy", dir);
+    attn_problem p = test_problem(2, 4, 4, 300, 200, 16, 0);   /* tiles: 3 x 2 */
+    unsigned char *m = NULL;
+    const unsigned char ones[1 * 4 * 3 * 2] = { 1, 0, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1,
+                                                1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0 };
+    write_npy(path, "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 4, 3, 2), }", ones, sizeof ones);
+    cr_assert_eq(attn_mask_load(&p, &m, path, err), 0, "%s", err);
+    cr_assert(p.block_mask && p.bm_b == 1 && p.bm_h == 4);
+    cr_assert(attn_mask_at(&p, m, 1, 0, 0, 1) == 0 && attn_mask_at(&p, m, 1, 3, 2, 1) == 0 &&
+              attn_mask_at(&p, m, 0, 3, 2, 0) == 1, "broadcast over the batch, one mask a head");
+    write_npy(path, "{'descr': '|b1', 'fortran_order': False, 'shape': (1, 1, 3, 2), }", ones, 6);
+    cr_assert_eq(attn_mask_load(&p, &m, path, err), 0, "%s", err);
+    cr_assert(p.bm_b == 1 && p.bm_h == 1);
+    free(m);
+    m = NULL;
+    const char *bad[] = { "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 2, 2), }",
+                          "{'descr': '|u1', 'fortran_order': False, 'shape': (3, 1, 3, 2), }",
+                          "{'descr': '|u1', 'fortran_order': False, 'shape': (6,), }" };
+    for (int k = 0; k < 3; k++) {
+        write_npy(path, bad[k], ones, 6);
+        err[0] = 0;
+        cr_assert_eq(attn_mask_load(&p, &m, path, err), -1, "shape %d accepted", k);
+        cr_assert(strstr(err, path) && !strchr(err, '\n'), "%s", err);
+    }
+    const unsigned char two[6] = { 1, 0, 2, 1, 1, 1 };
+    write_npy(path, "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 3, 2), }", two, 6);
+    cr_assert_eq(attn_mask_load(&p, &m, path, err), -1, "an entry of 2 accepted");
+    cr_assert(strstr(err, "0 or 1") != NULL, "%s", err);
+    cr_assert_null(m);
+}

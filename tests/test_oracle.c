@@ -396,6 +396,86 @@ Test(oracle, assisted_backward_matches_full)
     attn_host_free(&t);
 }
 
+/* Block masks. Generators: a random mask has about its density, local and global and strided
+ * the tiles they name, bad patterns are refused. The oracle: an all-ones mask is bitwise no mask;
+ * all zeros gives O = 0 and L = -inf; a mask of tile (1, 1) alone gives rows 128-255 exactly the
+ * dense attention of those rows over keys 128-255; the FLOP count's visible pairs equal a count
+ * pair by pair. */
+Test(mask, generators)
+{
+    char err[ATTN_MSG_LEN];
+    attn_problem p = test_problem(2, 4, 4, 128 * 40, 128 * 40, 16, 0);
+    unsigned char *m = NULL;
+    cr_assert_eq(attn_mask_generate(&p, &m, "random:0.25", 7, err), 0, "%s", err);
+    cr_assert(p.block_mask && p.bm_b == 2 && p.bm_h == 4, "random: one mask per (b, h)");
+    const double density = p.pairs / (4.0 * 2 * p.N_q * (double)p.N_k);
+    cr_assert(fabs(density - 0.25) < 0.02, "density %g", density);
+    cr_assert_eq(attn_mask_generate(&p, &m, "local:256,global:128", 7, err), 0, "%s", err);
+    cr_assert(p.bm_b == 1 && p.bm_h == 1);
+    cr_assert(attn_mask_at(&p, m, 0, 0, 10, 9) && attn_mask_at(&p, m, 0, 0, 10, 11) &&
+              !attn_mask_at(&p, m, 0, 0, 10, 8) && attn_mask_at(&p, m, 0, 0, 10, 0) &&
+              attn_mask_at(&p, m, 0, 0, 0, 30), "local within 256 tokens (1 tile), global the first tile");
+    cr_assert_eq(attn_mask_generate(&p, &m, "strided:3", 7, err), 0, "%s", err);
+    cr_assert(attn_mask_at(&p, m, 0, 0, 10, 4) && !attn_mask_at(&p, m, 0, 0, 10, 5));
+    const char *bad[] = { "random:1.5", "random:0", "random:0.1,local:128", "local:x", "wide:3",
+                          "local:1.5", "local", "" };
+    for (int k = 0; k < 8; k++) {
+        err[0] = 0;
+        cr_assert_eq(attn_mask_generate(&p, &m, bad[k], 7, err), -1, "'%s' accepted", bad[k]);
+        cr_assert(err[0] && !strchr(err, '\n'), "%s", err);
+    }
+    free(m);
+}
+
+Test(mask, oracle_and_flops)
+{
+    attn_problem p = test_problem(1, 2, 1, 300, 300, 8, 0);
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, 9, ATTN_INPUT_NORMAL);
+    attn_ref dense, r;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &dense), 0);
+    const int T = attn_mask_tiles_q(&p);   /* 3 x 3 tiles */
+    t.p.block_mask = 1; t.p.bm_b = 1; t.p.bm_h = 1;
+    t.block_mask = malloc((size_t)T * T);
+    memset(t.block_mask, 1, (size_t)T * T);
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    for (size_t e = 0; e < attn_numel_q(&p); e++) cr_assert(r.o[e] == dense.o[e], "all ones: o[%zu]", e);
+    t.p.pairs = attn_mask_pairs(&t.p, t.block_mask);
+    cr_assert_float_eq(attn_flops(&t.p, ATTN_FORWARD), attn_flops(&p, ATTN_FORWARD), 1e-6);
+    attn_ref_free(&r);
+    memset(t.block_mask, 0, (size_t)T * T);
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    for (size_t e = 0; e < attn_numel_lse(&p); e++) cr_assert(r.lse[e] == -INFINITY);
+    for (size_t e = 0; e < attn_numel_q(&p); e++) cr_assert(r.o[e] == 0.0);
+    cr_assert(attn_mask_pairs(&t.p, t.block_mask) == 0.0);
+    attn_ref_free(&r);
+    t.block_mask[1 * T + 1] = 1;   /* tile (1, 1): rows and keys 128 .. 255 */
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    attn_problem ps = test_problem(1, 2, 1, 128, 128, 8, 0);
+    attn_host sub;
+    cr_assert_eq(attn_host_alloc(&sub, &ps, 0), 0);
+    memcpy(sub.q, t.q + (size_t)128 * p.H * p.d, attn_numel_q(&ps) * 2);
+    memcpy(sub.k, t.k + (size_t)128 * p.H_kv * p.d, attn_numel_kv(&ps) * 2);
+    memcpy(sub.v, t.v + (size_t)128 * p.H_kv * p.d, attn_numel_kv(&ps) * 2);
+    attn_ref rs;
+    cr_assert_eq(attn_oracle(&sub, ATTN_FORWARD, NULL, &rs), 0);
+    for (size_t e = 0; e < attn_numel_q(&ps); e++)
+        cr_assert_float_eq(r.o[(size_t)128 * p.H * p.d + e], rs.o[e], 1e-12, "o of row %zu", e / (p.H * p.d));
+    cr_assert(r.lse[0] == -INFINITY && isfinite(r.lse[128]) && r.lse[256] == -INFINITY);
+    attn_ref_free(&rs); attn_host_free(&sub);
+    /* visible pairs with causal, a window and a random mask: against a count pair by pair */
+    t.p.causal = 1; t.p.window = 100;
+    for (int k = 0; k < T * T; k++) t.block_mask[k] = (unsigned char)(k % 2);
+    double brute = 0.0;
+    for (int i = 0; i < p.N_q; i++)
+        for (int j = 0; j < p.N_k; j++)
+            if (j <= i && i - 100 < j && t.block_mask[(i / 128) * T + j / 128]) brute += 1.0;
+    cr_assert_float_eq(attn_mask_pairs(&t.p, t.block_mask), brute * p.B * p.H, 1e-9);
+    attn_ref_free(&r); attn_ref_free(&dense);
+    attn_host_free(&t);
+}
+
 Test(dtype, conversions_round_to_nearest_even)
 {
     cr_assert_eq(attn_f32_to_bf16(1.0f), 0x3F80);

@@ -1,0 +1,142 @@
+/* common/mask.c: block masks, one 0/1 entry per 128 x 128 tile of (query, key) per (batch, head)
+ * (attn.h): their size, lookup, visible-pair count, generators and .npy loading. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "harness.h"
+
+int attn_mask_tiles_q(const attn_problem *p) { return (p->N_q + ATTN_MASK_TILE - 1) / ATTN_MASK_TILE; }
+int attn_mask_tiles_k(const attn_problem *p) { return (p->N_k + ATTN_MASK_TILE - 1) / ATTN_MASK_TILE; }
+
+size_t attn_mask_bytes(const attn_problem *p)
+{
+    return (size_t)p->bm_b * p->bm_h * attn_mask_tiles_q(p) * attn_mask_tiles_k(p);
+}
+
+int attn_mask_at(const attn_problem *p, const unsigned char *mask, int b, int h, int tq, int tk)
+{
+    const size_t bb = p->bm_b == 1 ? 0 : (size_t)b, hh = p->bm_h == 1 ? 0 : (size_t)h;
+    return mask[((bb * p->bm_h + hh) * attn_mask_tiles_q(p) + tq) * attn_mask_tiles_k(p) + tk];
+}
+
+/* Per (b, h) as the mask varies; rows of a query tile share its mask row, so a row costs Tk. */
+double attn_mask_pairs(const attn_problem *p, const unsigned char *mask)
+{
+    const int Tk = attn_mask_tiles_k(p);
+    double total = 0.0;
+    for (int bb = 0; bb < p->bm_b; bb++)
+        for (int hh = 0; hh < p->bm_h; hh++) {
+            double pairs = 0.0;
+            for (int i = 0; i < p->N_q; i++) {
+                int lo, hi;
+                attn_visible_keys(p, i, &lo, &hi);
+                for (int tk = lo / ATTN_MASK_TILE; tk < Tk && tk * ATTN_MASK_TILE < hi; tk++) {
+                    if (!attn_mask_at(p, mask, bb, hh, i / ATTN_MASK_TILE, tk)) continue;
+                    const int a = tk * ATTN_MASK_TILE > lo ? tk * ATTN_MASK_TILE : lo;
+                    const int e = (tk + 1) * ATTN_MASK_TILE < hi ? (tk + 1) * ATTN_MASK_TILE : hi;
+                    pairs += e - a;
+                }
+            }
+            /* a broadcast dimension stands for all B (or H) of them */
+            total += pairs * (p->bm_b == 1 ? p->B : 1) * (p->bm_h == 1 ? p->H : 1);
+        }
+    return total;
+}
+
+static int set_mask(attn_problem *p, unsigned char **mask, unsigned char *m, int bm_b, int bm_h)
+{
+    p->block_mask = 1;
+    p->bm_b = bm_b;
+    p->bm_h = bm_h;
+    free(*mask);
+    *mask = m;
+    p->pairs = attn_mask_pairs(p, m);
+    return 0;
+}
+
+/* "name:value" into name and a positive value; 0 ok */
+static int spec_item(const char *item, char *name, size_t n, double *value)
+{
+    const char *colon = strchr(item, ':');
+    if (!colon || (size_t)(colon - item) >= n) return -1;
+    memcpy(name, item, (size_t)(colon - item));
+    name[colon - item] = 0;
+    char *end;
+    *value = strtod(colon + 1, &end);
+    return (*end || end == colon + 1 || !(*value > 0)) ? -1 : 0;
+}
+
+int attn_mask_generate(attn_problem *p, unsigned char **mask, const char *spec, uint64_t seed,
+                       char *err)
+{
+    const int Tq = attn_mask_tiles_q(p), Tk = attn_mask_tiles_k(p);
+    const int random = strncmp(spec, "random:", 7) == 0;
+    const int bm_b = random ? p->B : 1, bm_h = random ? p->H : 1;
+    unsigned char *m = calloc((size_t)bm_b * bm_h * Tq * Tk, 1);
+    if (!m) { snprintf(err, ATTN_MSG_LEN, "--mask %s: out of memory", spec); return -1; }
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", spec);
+    attn_rng r;
+    attn_rng_init(&r, seed ^ 0x6D61736B6D61736Bull);
+    int items = 0;
+    for (char *save = NULL, *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char name[32];
+        double v;
+        items++;
+        if (spec_item(item, name, sizeof name, &v)) goto bad;
+        if (!strcmp(name, "random")) {
+            if (v > 1.0 || strchr(spec, ',')) goto bad;   /* a density, and alone */
+            for (size_t e = 0; e < (size_t)bm_b * bm_h * Tq * Tk; e++) m[e] = attn_rng_uniform(&r) < v;
+        } else if (!strcmp(name, "local") || !strcmp(name, "global") || !strcmp(name, "strided")) {
+            if (v != floor(v)) goto bad;
+            const long w = (long)v;
+            for (int tq = 0; tq < Tq; tq++)
+                for (int tk = 0; tk < Tk; tk++) {
+                    const long dist = labs((long)tq - tk);   /* in tiles */
+                    int on;
+                    if (name[0] == 'l') on = dist * ATTN_MASK_TILE < w;
+                    else if (name[0] == 'g') on = (long)tq * ATTN_MASK_TILE < w || (long)tk * ATTN_MASK_TILE < w;
+                    else on = dist % w == 0;
+                    m[(size_t)tq * Tk + tk] |= (unsigned char)on;
+                }
+        } else {
+            goto bad;
+        }
+    }
+    if (items) return set_mask(p, mask, m, bm_b, bm_h);
+bad:
+    free(m);
+    snprintf(err, ATTN_MSG_LEN, "--mask %s: want random:D (0 < D <= 1, alone), or local:W, global:G, "
+             "strided:S (positive integers) joined by commas", spec);
+    return -1;
+}
+
+int attn_mask_load(attn_problem *p, unsigned char **mask, const char *path, char *err)
+{
+    float *x = NULL;
+    int nd = 0;
+    int64_t sh[8];
+    if (attn_npy_read_f32(path, &x, &nd, sh, err)) return -1;
+    const int Tq = attn_mask_tiles_q(p), Tk = attn_mask_tiles_k(p);
+    if (nd != 4 || (sh[0] != 1 && sh[0] != p->B) || (sh[1] != 1 && sh[1] != p->H) || sh[2] != Tq ||
+        sh[3] != Tk) {
+        snprintf(err, ATTN_MSG_LEN, "%s: a block mask must be [1 or B=%d, 1 or H=%d, %d, %d] (tiles of "
+                 "%d), got %d dimensions", path, p->B, p->H, Tq, Tk, ATTN_MASK_TILE, nd);
+        free(x);
+        return -1;
+    }
+    const size_t n = (size_t)sh[0] * sh[1] * Tq * Tk;
+    unsigned char *m = malloc(n ? n : 1);
+    if (!m) { free(x); snprintf(err, ATTN_MSG_LEN, "%s: out of memory", path); return -1; }
+    for (size_t e = 0; e < n; e++) {
+        if (x[e] != 0.0f && x[e] != 1.0f) {
+            snprintf(err, ATTN_MSG_LEN, "%s: entry %zu is %g; a block mask holds 0 or 1", path, e, x[e]);
+            free(x); free(m);
+            return -1;
+        }
+        m[e] = x[e] != 0.0f;
+    }
+    free(x);
+    return set_mask(p, mask, m, (int)sh[0], (int)sh[1]);
+}
