@@ -48,10 +48,8 @@ Test(oracle, causal_first_row_is_v0)
     /* N_q > N_k too: every row still sees key 0; row 0 sees only key 0 */
     attn_problem p = test_problem(2, 3, 1, 9, 5, 8, 1);
     attn_host t;
-    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
-    attn_host_fill(&t, 7, ATTN_INPUT_NORMAL);
     attn_ref r;
-    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    cr_assert_eq(test_inputs_and_ref(&t, &r, &p, 7, ATTN_FORWARD), 0);
     for (int b = 0; b < p.B; b++)
         for (int h = 0; h < p.H; h++)
             for (int c = 0; c < p.d; c++) {
@@ -239,10 +237,8 @@ Test(oracle, sliding_window)
 {
     attn_problem p = test_problem(1, 2, 1, 40, 30, 8, 1);
     attn_host t;
-    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
-    attn_host_fill(&t, 5, ATTN_INPUT_NORMAL);
     attn_ref a, b;
-    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &a), 0);
+    cr_assert_eq(test_inputs_and_ref(&t, &a, &p, 5, ATTN_FORWARD), 0);
     t.p.window = 40;
     cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &b), 0);
     for (size_t e = 0; e < attn_numel_q(&p); e++) cr_assert(a.o[e] == b.o[e], "o[%zu]", e);
@@ -266,8 +262,7 @@ Test(oracle, sliding_window)
             cr_assert(isfinite(L), "row %d", i);
         }
     }
-    for (size_t e = 0; e < attn_numel_lse(&p); e++) t.lse[e] = (float)b.lse[e];
-    for (size_t e = 0; e < attn_numel_q(&p); e++) t.o[e] = attn_from_f32((float)b.o[e], p.dtype);
+    test_round_ref(&t, &b, 0);
     attn_cmp c;
     cr_assert_eq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, 1.0), 0,
                  "-inf against -inf passes");
@@ -317,10 +312,8 @@ Test(oracle, sampled_rows_match_full)
     /* a sampled forward computes exactly the full forward's values on its rows */
     attn_problem p = test_problem(1, 2, 2, 300, 200, 16, 1);
     attn_host t;
-    cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
-    attn_host_fill(&t, 2, ATTN_INPUT_NORMAL);
     attn_ref full, part;
-    cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, NULL, &full), 0);
+    cr_assert_eq(test_inputs_and_ref(&t, &full, &p, 2, ATTN_BACKWARD), 0);
     attn_sample s = { 0 };
     s.mask_q = calloc((size_t)p.B * p.N_q * p.H, 1);
     s.mask_kv = calloc((size_t)p.B * p.N_k * p.H_kv, 1);
@@ -351,12 +344,9 @@ Test(oracle, assisted_backward_matches_full)
     attn_problem p = test_problem(2, 4, 2, 300, 200, 16, 1);
     p.dtype = ATTN_FP16;
     attn_host t;
-    cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
-    attn_host_fill(&t, 3, ATTN_INPUT_NORMAL);
     attn_ref full, part;
-    cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, NULL, &full), 0);
-    for (size_t e = 0; e < attn_numel_q(&p); e++) t.o[e] = attn_from_f32((float)full.o[e], p.dtype);
-    for (size_t e = 0; e < attn_numel_lse(&p); e++) t.lse[e] = (float)full.lse[e];
+    cr_assert_eq(test_inputs_and_ref(&t, &full, &p, 3, ATTN_BACKWARD), 0);
+    test_round_ref(&t, &full, 0);   /* the run's O and L: the oracle's, rounded as a stage stores them */
     attn_sample s = { 0 };
     s.mask_q = calloc((size_t)p.B * p.N_q * p.H, 1);
     s.mask_kv = calloc((size_t)p.B * p.N_k * p.H_kv, 1);
@@ -431,10 +421,8 @@ Test(mask, oracle_and_flops)
 {
     attn_problem p = test_problem(1, 2, 1, 300, 300, 8, 0);
     attn_host t;
-    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
-    attn_host_fill(&t, 9, ATTN_INPUT_NORMAL);
     attn_ref dense, r;
-    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &dense), 0);
+    cr_assert_eq(test_inputs_and_ref(&t, &dense, &p, 9, ATTN_FORWARD), 0);
     const int T = attn_mask_tiles_q(&p);   /* 3 x 3 tiles */
     t.p.block_mask = 1; t.p.bm_b = 1; t.p.bm_h = 1;
     t.block_mask = malloc((size_t)T * T);

@@ -18,6 +18,16 @@ static inline attn_problem test_problem(int B, int H, int H_kv, int N_q, int N_k
 /* Set element i of a 16-bit host tensor from a float (rounded to the dtype). */
 static inline void test_set(uint16_t *x, size_t i, float v, attn_dtype t) { x[i] = attn_from_f32(v, t); }
 
+/* Host tensors of p with fresh inputs from seed, and the oracle's reference of every row in
+ * direction dir. 0, or -1 when out of host memory. */
+static inline int test_inputs_and_ref(attn_host *t, attn_ref *r, const attn_problem *p, uint64_t seed,
+                                      attn_dir dir)
+{
+    if (attn_host_alloc(t, p, dir == ATTN_BACKWARD)) return -1;
+    attn_host_fill(t, seed, ATTN_INPUT_NORMAL);
+    return attn_oracle(t, dir, NULL, r);
+}
+
 /* Round the oracle's float64 results to what a perfect kernel would store. */
 static inline void test_round_ref(attn_host *t, const attn_ref *r, int backward)
 {
