@@ -312,6 +312,13 @@ int attn_main(const attn_stage *st, int argc, char **argv)
         }
         attn_host_fill(&t, c.seed, ATTN_INPUT_NORMAL);
     }
+    /* a stage without masks refuses them here, before a mask is built (the runner would too) */
+    if ((c.mask_spec || c.mask_file || p.window > 0) && !st->masks) {
+        fprintf(stderr, "%s: has no sliding window or block masks (--window, --mask, --block-mask): "
+                "a dense stage\n", st->name);
+        attn_host_free(&t);
+        return 2;
+    }
     /* the block mask, for the sizes now known (--load may have set them) */
     if (c.mask_spec || c.mask_file) {
         if (c.mask_spec && c.mask_file) {

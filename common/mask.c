@@ -20,22 +20,37 @@ int attn_mask_at(const attn_problem *p, const unsigned char *mask, int b, int h,
     return mask[((bb * p->bm_h + hh) * attn_mask_tiles_q(p) + tq) * attn_mask_tiles_k(p) + tk];
 }
 
-/* Per (b, h) as the mask varies; rows of a query tile share its mask row, so a row costs Tk. */
+/* Per (b, h) as the mask varies. A row's interval [lo, hi) never moves left as i grows, so a
+ * tile lies wholly inside the intervals of its rows, or wholly outside them, when its first and
+ * last rows say so; only the tiles the interval edges cross are counted row by row. */
 double attn_mask_pairs(const attn_problem *p, const unsigned char *mask)
 {
-    const int Tk = attn_mask_tiles_k(p);
+    const int Tq = attn_mask_tiles_q(p), Tk = attn_mask_tiles_k(p);
     double total = 0.0;
     for (int bb = 0; bb < p->bm_b; bb++)
         for (int hh = 0; hh < p->bm_h; hh++) {
             double pairs = 0.0;
-            for (int i = 0; i < p->N_q; i++) {
-                int lo, hi;
-                attn_visible_keys(p, i, &lo, &hi);
-                for (int tk = lo / ATTN_MASK_TILE; tk < Tk && tk * ATTN_MASK_TILE < hi; tk++) {
-                    if (!attn_mask_at(p, mask, bb, hh, i / ATTN_MASK_TILE, tk)) continue;
-                    const int a = tk * ATTN_MASK_TILE > lo ? tk * ATTN_MASK_TILE : lo;
-                    const int e = (tk + 1) * ATTN_MASK_TILE < hi ? (tk + 1) * ATTN_MASK_TILE : hi;
-                    pairs += e - a;
+            for (int tq = 0; tq < Tq; tq++) {
+                const int r0 = tq * ATTN_MASK_TILE;
+                const int r1 = (r0 + ATTN_MASK_TILE < p->N_q ? r0 + ATTN_MASK_TILE : p->N_q) - 1;
+                int lo0, hi0, lo1, hi1;
+                attn_visible_keys(p, r0, &lo0, &hi0);
+                attn_visible_keys(p, r1, &lo1, &hi1);
+                for (int tk = 0; tk < Tk; tk++) {
+                    if (!attn_mask_at(p, mask, bb, hh, tq, tk)) continue;
+                    const int c0 = tk * ATTN_MASK_TILE;
+                    const int c1 = c0 + ATTN_MASK_TILE < p->N_k ? c0 + ATTN_MASK_TILE : p->N_k;
+                    if (hi1 <= c0 || lo0 >= c1) continue;                     /* no row sees it */
+                    if (lo1 <= c0 && hi0 >= c1) {                             /* every row all */
+                        pairs += (double)(r1 - r0 + 1) * (c1 - c0);
+                        continue;
+                    }
+                    for (int i = r0; i <= r1; i++) {
+                        int lo, hi;
+                        attn_visible_keys(p, i, &lo, &hi);
+                        const int a = c0 > lo ? c0 : lo, e = c1 < hi ? c1 : hi;
+                        if (e > a) pairs += e - a;
+                    }
                 }
             }
             /* a broadcast dimension stands for all B (or H) of them */
