@@ -87,12 +87,16 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "files:\n"
         "  --csv FILE       append one result row (header written if FILE is new or empty):\n"
         "                   gpu,stage,direction,dtype,B,H,H_kv,N_q,N_k,d,causal,median_ms,\n"
-        "                   tflops,workspace_bytes,status,note (status ok|refused|failed)\n"
+        "                   tflops,workspace_bytes,status,note (status ok|refused|failed); a\n"
+        "                   masked run's note starts with window=W; mask=PATTERN; (or\n"
+        "                   block-mask=FILE;) block-mask density=X; (the fraction of pairs seen)\n"
         "  --load DIR       read q.npy, k.npy, v.npy (and do.npy with --backward), 4-D float32\n"
         "                   or float16 [B,N,heads,d], instead of random inputs; their shapes\n"
         "                   override the size flags; values are rounded to --dtype\n"
         "  --save DIR       write q,k,v,o,lse (and do,dq,dk,dv) .npy files; 16-bit tensors are\n"
-        "                   stored as float32 (exact), lse as float32 [B,H,Nq]\n"
+        "                   stored as float32 (exact), lse as float32 [B,H,Nq]; with a block\n"
+        "                   mask also block_mask.npy, uint8 [bm_b,bm_h,Tq,Tk], the mask the run\n"
+        "                   used (what --block-mask reads)\n"
         "  --help           this text\n"
         "\n"
         "environment:\n"
@@ -226,9 +230,14 @@ static void csv_clean(char *dst, size_t n, const char *src)
     dst[i] = 0;
 }
 
-int attn_csv_append(const char *path, const char *gpu, const char *stage, const attn_problem *p,
-                    attn_dir dir, double median_ms, double tflops, size_t ws_bytes,
-                    const char *status, const char *note)
+/* The CSV has no mask columns: a row with a window or a block mask says so first in its note,
+ * in this order: "window=W; ", the mask's name ("mask=PATTERN; " or "block-mask=FILE; ", when
+ * the program knows it: mask_name, NULL for none), and the density of visible pairs (its
+ * TFLOP/s count only those), "block-mask density=X; ". plots/bench.sh and the plotting scripts
+ * tell the rows of different masks apart by these fields (plots/masks.awk). */
+static int csv_row(const char *path, const char *gpu, const char *stage, const attn_problem *p,
+                   attn_dir dir, double median_ms, double tflops, size_t ws_bytes,
+                   const char *status, const char *mask_name, const char *note)
 {
     FILE *f = fopen(path, "a");
     if (!f) return -1;
@@ -240,11 +249,11 @@ int attn_csv_append(const char *path, const char *gpu, const char *stage, const 
     csv_clean(g, sizeof g, gpu);
     for (char *s = g; *s; s++)
         if (*s == ' ') *s = '-';
-    /* the CSV has no mask columns: a row with a window or a block mask says so first in its
-     * note, with the density of visible pairs (its TFLOP/s count only those) */
     char wn[ATTN_MSG_LEN] = "";
     size_t k = 0;
     if (p->window > 0) k += (size_t)snprintf(wn + k, sizeof wn - k, "window=%d; ", p->window);
+    if (mask_name && mask_name[0] && k < sizeof wn)
+        k += (size_t)snprintf(wn + k, sizeof wn - k, "%s; ", mask_name);
     if (p->block_mask && k < sizeof wn)
         k += (size_t)snprintf(wn + k, sizeof wn - k, "block-mask density=%.4g; ",
                               p->pairs / ((double)p->B * p->H * (double)p->N_q * p->N_k));
@@ -259,6 +268,42 @@ int attn_csv_append(const char *path, const char *gpu, const char *stage, const 
             dir == ATTN_BACKWARD ? "backward" : "forward", attn_dtype_name(p->dtype), p->B, p->H,
             p->H_kv, p->N_q, p->N_k, p->d, p->causal, ms, tf, ws_bytes, status, n);
     return fclose(f) == 0 ? 0 : -1;
+}
+
+int attn_csv_append(const char *path, const char *gpu, const char *stage, const attn_problem *p,
+                    attn_dir dir, double median_ms, double tflops, size_t ws_bytes,
+                    const char *status, const char *note)
+{
+    return csv_row(path, gpu, stage, p, dir, median_ms, tflops, ws_bytes, status, NULL, note);
+}
+
+/* The name of the block mask for the CSV note: "mask=PATTERN" (its commas written as '+', so
+ * that it stays one field of the note: "mask=local:1024+global:256"), "block-mask=NAME" (the
+ * file's name without its directory), or "" without a mask. */
+static void mask_name(char *buf, size_t n, const attn_cli *c)
+{
+    buf[0] = 0;
+    if (c->mask_spec) {
+        snprintf(buf, n, "mask=%s", c->mask_spec);
+        for (char *s = buf; *s; s++)
+            if (*s == ',') *s = '+';
+    } else if (c->mask_file) {
+        const char *slash = strrchr(c->mask_file, '/');
+        snprintf(buf, n, "block-mask=%s", slash ? slash + 1 : c->mask_file);
+    }
+}
+
+/* The name of the GPU a run would use, for a row written before any run: "none" without one. */
+static void device_name(char *buf, size_t n)
+{
+    int count, dev;
+    char why[ATTN_MSG_LEN];
+    struct cudaDeviceProp prop;
+    if (attn_gpu_available(&count, why) == 0 && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+        snprintf(buf, n, "%s", prop.name);
+    else
+        snprintf(buf, n, "none");
 }
 
 static const char *dev_or_none(const attn_run_info *info)
@@ -312,10 +357,19 @@ int attn_main(const attn_stage *st, int argc, char **argv)
         }
         attn_host_fill(&t, c.seed, ATTN_INPUT_NORMAL);
     }
-    /* a stage without masks refuses them here, before a mask is built (the runner would too) */
+    char mname[ATTN_MSG_LEN];
+    mask_name(mname, sizeof mname, &c);
+    /* a stage without masks refuses them here, before a mask is built (the runner would too);
+     * with --csv its refused row names the mask, so that a bench can tell the patterns apart */
     if ((c.mask_spec || c.mask_file || p.window > 0) && !st->masks) {
-        fprintf(stderr, "%s: has no sliding window or block masks (--window, --mask, --block-mask): "
-                "a dense stage\n", st->name);
+        const char *why = "has no sliding window or block masks (--window, --mask, --block-mask): "
+                          "a dense stage";
+        fprintf(stderr, "%s: %s\n", st->name, why);
+        if (c.csv) {
+            char gpu[256];
+            device_name(gpu, sizeof gpu);
+            csv_row(c.csv, gpu, st->name, &p, c.dir, 0, 0, 0, "refused", mname, why);
+        }
         attn_host_free(&t);
         return 2;
     }
@@ -344,9 +398,8 @@ int attn_main(const attn_stage *st, int argc, char **argv)
     if (rs != ATTN_RUN_OK) {
         fprintf(stderr, "%s: %s\n", st->name, info.why);
         if (c.csv)
-            attn_csv_append(c.csv, dev_or_none(&info), st->name, &p, c.dir, 0, 0,
-                            info.workspace_bytes, rs == ATTN_RUN_CUDA_ERROR ? "failed" : "refused",
-                            info.why);
+            csv_row(c.csv, dev_or_none(&info), st->name, &p, c.dir, 0, 0, info.workspace_bytes,
+                    rs == ATTN_RUN_CUDA_ERROR ? "failed" : "refused", mname, info.why);
         attn_host_free(&t);
         return rs == ATTN_RUN_CUDA_ERROR ? 1 : 2;
     }
@@ -409,8 +462,8 @@ int attn_main(const attn_stage *st, int argc, char **argv)
         snprintf(note, sizeof note, "%s%s",
                  p.deterministic && c.dir == ATTN_BACKWARD ? "deterministic " : "",
                  exit_code == 1 ? fail_note : (c.check ? "checked" : ""));
-        if (attn_csv_append(c.csv, info.device, st->name, &p, c.dir, c.bench ? info.median_ms : 0,
-                            tflops, info.workspace_bytes, status, note))
+        if (csv_row(c.csv, info.device, st->name, &p, c.dir, c.bench ? info.median_ms : 0, tflops,
+                    info.workspace_bytes, status, mname, note))
             fprintf(stderr, "%s: cannot append to %s\n", st->name, c.csv);
     }
     printf("%s: %s | %s | workspace %.1f MiB\n", desc, check_str, bench_str,

@@ -1,8 +1,9 @@
 /* common/npy.c: reading and writing NumPy .npy files (format versions 1.0 to 3.0 read,
  * 1.0 written). bf16 has no NumPy dtype, so every 16-bit tensor is written as '<f4'
  * (bf16 and fp16 values are exactly representable in float32): np.load gives the exact
- * values. Reading accepts '<f4' and '<f2' (and '|u1', '|b1' for masks), C order only. Any malformed file is an error
- * message naming the file, never a crash. */
+ * values; a block mask is written as '|u1'. Reading accepts '<f4' and '<f2' (and '|u1',
+ * '|b1' for masks), C order only. Any malformed file is an error message naming the file,
+ * never a crash. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -15,12 +16,13 @@
 
 static const char NPY_MAGIC[6] = { '\x93', 'N', 'U', 'M', 'P', 'Y' };
 
-int attn_npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape,
-                       char *err)
+/* One array of item-byte elements with NumPy type descr ('<f4', '|u1'), v1.0, C order. */
+static int npy_write(const char *path, const char *descr, size_t item, const void *data, int ndim,
+                     const int64_t *shape, char *err)
 {
     char hdr[512];
     size_t numel = 1;
-    int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+    int n = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
     for (int i = 0; i < ndim; i++) {
         n += snprintf(hdr + n, sizeof hdr - (size_t)n, "%lld,%s", (long long)shape[i],
                       i + 1 < ndim ? " " : "");
@@ -45,13 +47,19 @@ int attn_npy_write_f32(const char *path, const float *data, int ndim, const int6
     int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(hdr, 1, (size_t)n, f) == (size_t)n;
     for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF;
-    ok = ok && fwrite(data, sizeof(float), numel, f) == numel; /* host is little-endian */
+    ok = ok && fwrite(data, item, numel, f) == numel; /* host is little-endian */
     ok = (fclose(f) == 0) && ok;
     if (!ok) {
         snprintf(err, ATTN_MSG_LEN, "%s: write failed (%s)", path, strerror(errno));
         return -1;
     }
     return 0;
+}
+
+int attn_npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape,
+                       char *err)
+{
+    return npy_write(path, "<f4", sizeof(float), data, ndim, shape, err);
 }
 
 /* value of key in a header dict: pointer just after "'key':" and spaces, or NULL */
@@ -261,6 +269,12 @@ int attn_save_dir(const char *dir, const attn_host *t, char *err)
         if (save16(dir, "do", t->d_o, p->dtype, sq, err) || save16(dir, "dq", t->dq, p->dtype, sq, err) ||
             save16(dir, "dk", t->dk, p->dtype, skv, err) || save16(dir, "dv", t->dv, p->dtype, skv, err))
             return -1;
+    }
+    /* the block mask the run used, as --block-mask reads it: uint8 [bm_b, bm_h, Tq, Tk] */
+    if (p->block_mask && t->block_mask) {
+        int64_t sm[4] = { p->bm_b, p->bm_h, attn_mask_tiles_q(p), attn_mask_tiles_k(p) };
+        snprintf(path, sizeof path, "%s/block_mask.npy", dir);
+        if (npy_write(path, "|u1", 1, t->block_mask, 4, sm, err)) return -1;
     }
     return 0;
 }

@@ -1,7 +1,9 @@
-/* tests/test_cli.c: flag parsing (in process) and a stage program's exit codes for bad
- * input (a subprocess). Bad input is rejected before any CUDA call, so this runs without
+/* tests/test_cli.c: flag parsing (in process), a stage program's exit codes for bad input
+ * (a subprocess), and the CSV row's note of a masked run (attn_main in process, on stand-in
+ * stages that never run). Bad input is rejected before any CUDA call, so this runs without
  * a GPU. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,4 +170,136 @@ Test(cli, program_exit_codes)
         cr_assert_eq(lines, 1);
         cr_assert(strstr(first, "no CUDA GPU (") != NULL, "%s", first);
     }
+}
+
+/* Stand-in stages for attn_main in process: one with masks whose check() refuses every shape,
+ * and a dense one. Neither ever reaches the GPU: without one the run is refused as "no CUDA
+ * GPU", with one check() refuses it; either way the program writes its refused row, which is
+ * what these tests read. */
+static int refuse_every_shape(const attn_problem *p, attn_dir dir, char *why)
+{
+    (void)p; (void)dir;
+    snprintf(why, ATTN_WHY_LEN, "a test stage: refuses every shape");
+    return 1;
+}
+static size_t no_workspace(const attn_problem *p, attn_dir dir) { (void)p; (void)dir; return 0; }
+static cudaError_t never_runs(const attn_problem *p, const attn_args *a, cudaStream_t s)
+{
+    (void)p; (void)a; (void)s;
+    return cudaErrorNotSupported;
+}
+static const attn_stage masked_stub = { .name = "masked_stub", .summary = "test", .supports = "test",
+                                        .check = refuse_every_shape, .workspace = no_workspace,
+                                        .forward = never_runs, .masks = 1 };
+static const attn_stage dense_stub = { .name = "dense_stub", .summary = "test", .supports = "test",
+                                       .check = refuse_every_shape, .workspace = no_workspace,
+                                       .forward = never_runs };
+
+/* attn_main on a stand-in stage with the flags of line plus --csv; returns its exit code and
+ * the note (the 16th field) of the one row it wrote into note */
+static int main_row_note(const attn_stage *st, const char *line, char *note, size_t n)
+{
+    char csv[] = "/tmp/attn_cli_csv_XXXXXX", args[512], buf[1024];
+    int fd = mkstemp(csv);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(args, sizeof args, "%s --csv %s", line, csv);
+    static char *argv[64];
+    int argc = 0;
+    argv[argc++] = "prog";
+    for (char *tok = strtok(args, " "); tok && argc < 63; tok = strtok(NULL, " ")) argv[argc++] = tok;
+    argv[argc] = NULL;
+    fflush(stderr);   /* its one line of refusal, expected here, is not shown */
+    const int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
+    cr_assert(saved >= 0 && devnull >= 0);
+    dup2(devnull, 2);
+    const int rc = attn_main(st, argc, argv);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(devnull);
+    FILE *f = fopen(csv, "r");
+    int rows = 0;
+    note[0] = 0;
+    while (f && fgets(buf, sizeof buf, f)) {
+        if (rows++ == 0) continue;   /* the header */
+        buf[strcspn(buf, "\n")] = 0;
+        const char *field = buf;
+        for (int i = 1; i < 16 && field; i++) field = strchr(field, ',') ? strchr(field, ',') + 1 : NULL;
+        cr_assert_not_null(field, "a row of fewer than 16 fields: %s", buf);
+        snprintf(note, n, "%s", field);
+    }
+    if (f) fclose(f);
+    unlink(csv);
+    cr_assert_eq(rows, 2, "want the header and one row, got %d lines", rows);
+    return rc;
+}
+
+/* The density the note must give: the mask that pattern makes for these sizes and seed 1. */
+static double pattern_density(attn_problem p, const char *spec)
+{
+    unsigned char *m = NULL;
+    char err[ATTN_MSG_LEN];
+    cr_assert_eq(attn_mask_generate(&p, &m, spec, 1, err), 0, "%s", err);
+    free(m);
+    return p.pairs / ((double)p.B * p.H * (double)p.N_q * p.N_k);
+}
+
+/* A masked row's note names the pattern (rows of different patterns stay apart in a bench
+ * CSV), after the window and before the density; commas of a pattern become '+'. */
+Test(cli, csv_note_names_the_mask)
+{
+    char note[1024], want[256];
+    attn_problem p = test_problem(2, 2, 2, 300, 300, 64, 0);
+    cr_assert_eq(main_row_note(&masked_stub, "--batch 2 --heads 2 --seqlen 300 --mask random:0.5", note,
+                               sizeof note), 2);
+    snprintf(want, sizeof want, "mask=random:0.5; block-mask density=%.4g; ", pattern_density(p, "random:0.5"));
+    cr_assert(strncmp(note, want, strlen(want)) == 0, "note '%s', want it to start with '%s'", note, want);
+    cr_assert(strstr(note, "a test stage") || strstr(note, "no CUDA GPU"), "the reason follows: %s", note);
+
+    p.causal = 1;
+    p.window = 200;
+    cr_assert_eq(main_row_note(&masked_stub, "--batch 2 --heads 2 --seqlen 300 --causal --window 200 "
+                               "--mask local:256,global:128", note, sizeof note), 2);
+    snprintf(want, sizeof want, "window=200; mask=local:256+global:128; block-mask density=%.4g; ",
+             pattern_density(p, "local:256,global:128"));
+    cr_assert(strncmp(note, want, strlen(want)) == 0, "note '%s', want it to start with '%s'", note, want);
+
+    cr_assert_eq(main_row_note(&masked_stub, "--batch 2 --heads 2 --seqlen 300 --causal", note, sizeof note), 2);
+    cr_assert(strncmp(note, "window=", 7) && strncmp(note, "mask=", 5) && !strstr(note, "block-mask"),
+              "a dense row names no mask: %s", note);
+}
+
+/* A dense stage refuses a mask before building it, and with --csv still writes its refused row,
+ * naming the mask, so that a bench sees which pattern it refused. */
+Test(cli, dense_stage_refusal_writes_a_row)
+{
+    char note[1024];
+    cr_assert_eq(main_row_note(&dense_stub, "--seqlen 300 --mask random:0.1", note, sizeof note), 2);
+    cr_assert(strncmp(note, "mask=random:0.1; has no sliding window or block masks", 53) == 0, "%s", note);
+    cr_assert(strstr(note, "a dense stage") != NULL, "%s", note);
+    cr_assert_eq(main_row_note(&dense_stub, "--seqlen 300 --causal --window 64", note, sizeof note), 2);
+    cr_assert(strncmp(note, "window=64; has no sliding window", 32) == 0, "%s", note);
+}
+
+/* --block-mask: the note names the file (without its directory); the mask --save wrote is
+ * the one the run used, so read back it gives the same density. */
+Test(cli, csv_note_names_a_mask_file)
+{
+    char dir[] = "/tmp/attn_cli_mask_XXXXXX", line[512], note[1024], want[256], err[ATTN_MSG_LEN];
+    cr_assert_not_null(mkdtemp(dir));
+    attn_problem p = test_problem(2, 2, 2, 300, 300, 64, 0);
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, 1, ATTN_INPUT_NORMAL);
+    cr_assert_eq(attn_mask_generate(&t.p, &t.block_mask, "random:0.3", 1, err), 0, "%s", err);
+    cr_assert_eq(attn_save_dir(dir, &t, err), 0, "%s", err);
+    snprintf(line, sizeof line, "--batch 2 --heads 2 --seqlen 300 --block-mask %s/block_mask.npy", dir);
+    cr_assert_eq(main_row_note(&masked_stub, line, note, sizeof note), 2);
+    snprintf(want, sizeof want, "block-mask=block_mask.npy; block-mask density=%.4g; ",
+             t.p.pairs / (2.0 * 2 * 300 * 300));
+    cr_assert(strncmp(note, want, strlen(want)) == 0, "note '%s', want it to start with '%s'", note, want);
+    attn_host_free(&t);
+    snprintf(line, sizeof line, "rm -rf '%s'", dir);
+    if (system(line)) {}
 }

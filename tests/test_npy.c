@@ -245,3 +245,39 @@ Test(npy, block_mask_files)
     cr_assert(strstr(err, "0 or 1") != NULL, "%s", err);
     cr_assert_null(m);
 }
+
+/* --save writes the block mask the run used, as --block-mask reads it: block_mask.npy, '|u1',
+ * [bm_b, bm_h, Tq, Tk] (per (batch, head) for random:D, broadcast [1, 1, ...] for local:W);
+ * read back, the same bytes and the same visible pairs. Without a mask, no such file. */
+Test(npy, save_writes_the_block_mask)
+{
+    char path[300], err[ATTN_MSG_LEN];
+    snprintf(path, sizeof path, "%s/block_mask.npy", dir);
+    attn_problem p = test_problem(2, 3, 3, 300, 200, 16, 1);   /* tiles: 3 x 2 */
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, 3, ATTN_INPUT_NORMAL);
+    cr_assert_eq(attn_save_dir(dir, &t, err), 0, "%s", err);
+    cr_assert_neq(access(path, F_OK), 0, "a run without a mask wrote %s", path);
+
+    const char *specs[] = { "random:0.5", "local:128" };
+    const char *shapes[] = { "'shape': (2, 3, 3, 2)", "'shape': (1, 1, 3, 2)" };
+    for (int s = 0; s < 2; s++) {
+        cr_assert_eq(attn_mask_generate(&t.p, &t.block_mask, specs[s], 7, err), 0, "%s", err);
+        cr_assert_eq(attn_save_dir(dir, &t, err), 0, "%s", err);
+        FILE *f = fopen(path, "rb");
+        cr_assert_not_null(f, "%s: no %s", specs[s], path);
+        char h[129] = { 0 };
+        cr_assert_eq(fread(h, 1, 128, f), 128);
+        fclose(f);
+        cr_assert(strstr(h + 10, "'descr': '|u1'") && strstr(h + 10, shapes[s]), "%s: header %s", specs[s], h + 10);
+        attn_problem q = p;
+        unsigned char *m = NULL;
+        cr_assert_eq(attn_mask_load(&q, &m, path, err), 0, "%s", err);
+        cr_assert(q.bm_b == t.p.bm_b && q.bm_h == t.p.bm_h, "%s: extents", specs[s]);
+        cr_assert_eq(memcmp(m, t.block_mask, attn_mask_bytes(&q)), 0, "%s: the entries differ", specs[s]);
+        cr_assert_float_eq(q.pairs, t.p.pairs, 1e-9, "%s: visible pairs %g, want %g", specs[s], q.pairs, t.p.pairs);
+        free(m);
+    }
+    attn_host_free(&t);
+}
