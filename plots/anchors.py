@@ -4,6 +4,24 @@
 Times PyTorch's fused attention, torch.nn.functional.scaled_dot_product_attention with
 the FLASH backend (FlashAttention-2) and with the cuDNN backend, on exactly the shapes of
 plots/bench.sh, and appends rows in the bench's CSV format (stage torch_flash, torch_cudnn).
+The backend flex (stage torch_flex) is PyTorch's FlexAttention instead
+(torch.nn.attention.flex_attention.flex_attention under torch.compile, dynamic=False), the
+anchor of the masked runs: it takes the masks the stages take, ANDed into one mask_mod and
+turned into a BlockMask of 128 x 128 blocks by create_block_mask:
+  --causal 1      key j visible to query i iff j <= i (as the harness's --causal)
+  --window W      also i - W < j, and without causal j < i + W (as --window)
+  --block-mask F  a .npy file as the harness's --block-mask reads it: uint8 or bool
+                  [1 or B, 1 or H, ceil(N / 128), ceil(N / 128)]; query i sees key j only if
+                  entry (i // 128, j // 128) of its (batch, head) is 1 (build/<stage> --save
+                  DIR writes the mask a run used as DIR/block_mask.npy)
+  --mask-spec S   the --mask pattern the file was made from, for the note (below)
+Its FLOP count is the harness's (common/problem.c attn_flops): 4 d per visible (query, key)
+pair, summed over (batch, head), counted exactly with a window or a block mask (causal alone:
+half of N^2, the usual convention), x2.5 for the backward. Its note starts as a stage's row
+of the same mask does (common/cli.c), "window=W; mask=S; block-mask density=X; " (without
+--mask-spec "block-mask=FILE; " instead of "mask=S; "), so that the rows pair up. The first
+call of each shape and direction compiles the kernel (seconds to a minute); it runs before
+the timing, and before the workspace is measured, and is never timed.
 Optionally (--gemm, sweep shapes only) two ceiling rows, measured in the same run:
   ceiling_gemm  a bf16 8192^3 GEMM through torch.matmul; tflops = 2 * 8192^3 / time.
   ceiling_copy  a device-to-device copy of COPY_BYTES (4 GiB; less where the GPU has less
@@ -13,6 +31,8 @@ Optionally (--gemm, sweep shapes only) two ceiling rows, measured in the same ru
     python3 plots/anchors.py --csv plots/results/NVIDIA-H200.csv            # the sweep
     python3 plots/anchors.py --csv X-long.csv --shapes long                 # B=1 H=16 d=128
     python3 plots/anchors.py --csv X.csv --dims 128 --ns 8192 --backends flash --gemm
+    python3 plots/anchors.py --csv X-masks.csv --shapes masks --backends flex \
+        --block-mask /tmp/run1/block_mask.npy --mask-spec random:0.1           # B=2 H=16 d=128
 
 Timing follows the harness: CUDA events around each run, warm-up first, L2 flushed before
 every run (a 2 x L2 buffer zeroed outside the events), median of as many runs as fit in
@@ -31,7 +51,9 @@ such rows, and the plotting scripts read the stage names ceiling_*):
                 (out of memory, say) writes status refused or failed and no B.
 Backward: one forward builds the graph, then torch.autograd.grad(O, (Q, K, V), dO,
 retain_graph=True) is what is timed, so each timed run is exactly one backward pass.
-Normally called by plots/bench.sh; needs a CUDA build of torch.
+The same for torch_flex, whose forward and backward are each compiled (untimed) first.
+Normally called by plots/bench.sh (torch_flex by its masks part only); needs a CUDA build of
+torch (and numpy; flex also triton, which torch.compile uses on the GPU).
 """
 import argparse
 import statistics
@@ -44,28 +66,135 @@ HEADER = ("gpu,stage,direction,dtype,B,H,H_kv,N_q,N_k,d,causal,median_ms,tflops,
 TOKENS = 16384       # the bench protocol: B * N = 16384 tokens ...
 HIDDEN = 2048        # ... and H * d = 2048 (H_kv = H)
 LONG_B, LONG_H, LONG_D = 1, 16, 128   # the long-context wall, as in plots/bench.sh
+MASKS_B, MASKS_H = 2, 16             # the masked runs, as in plots/bench.sh (N 8192, d 128)
+MASK_TILE = 128      # a block mask's tile, as the harness's ATTN_MASK_TILE
 GEMM_N = 8192        # the ceiling row: an 8192^3 GEMM
 COPY_BYTES = 4 << 30 # the copy ceiling: bytes copied (so 2 x this read + written)
 WARMUP_MAX_S = 1.0   # slow shapes (N = 131072) warm up with fewer runs
 BACKWARD_FLOP_FACTOR = 2.5
 BACKENDS = {"flash": ("torch_flash", "FLASH_ATTENTION"),
-            "cudnn": ("torch_cudnn", "CUDNN_ATTENTION")}
+            "cudnn": ("torch_cudnn", "CUDNN_ATTENTION"),
+            "flex": ("torch_flex", None)}       # not an SDPA backend: flex_attention
 
 
-def attention_flops(B, H, N, d, causal, direction):
-    """The harness's count: S = Q K^T and O = P V, 2 N^2 d multiply-adds per head."""
-    flops = 4.0 * B * H * N * N * d
-    if causal:
-        flops /= 2
+def visible_pairs(B, H, N, causal, window=0, tiles=None):
+    """The (query, key) pairs the harness counts for its FLOPs (common/problem.c attn_flops,
+    common/mask.c attn_mask_pairs), over every (batch, head): with a window or a block mask
+    the visible ones exactly, causal alone N^2 / 2, else N^2. tiles: the block mask,
+    [1 or B, 1 or H, Tq, Tk] of 0 and 1. Exact in float64 (integers far below 2^53)."""
+    import numpy as np
+    if tiles is None and not window:
+        return B * H * (N * N / 2.0 if causal else float(N * N))
+    rows = np.arange(N, dtype=np.int64)
+    lo = np.maximum(rows - window + 1, 0) if window else np.zeros(N, dtype=np.int64)
+    hi = np.minimum(rows + 1, N) if causal else np.full(N, N, dtype=np.int64)
+    if window and not causal:
+        hi = np.minimum(hi, rows + window)
+    if tiles is None:
+        return float(B * H * np.maximum(hi - lo, 0).sum())
+    # pairs[tq, tk]: the pairs of tile (tq, tk) that causal and the window leave, summed over
+    # the rows of tq; a chunk of query tiles at a time, so that N = 1M fits in memory
+    tq_n, tk_n = tiles.shape[2], tiles.shape[3]
+    c0 = np.arange(tk_n, dtype=np.int64) * MASK_TILE
+    c1 = np.minimum(c0 + MASK_TILE, N)
+    pairs = np.zeros((tq_n, tk_n))
+    step = max(1, (1 << 22) // max(1, tk_n * MASK_TILE))
+    for t0 in range(0, tq_n, step):
+        t1 = min(tq_n, t0 + step)
+        r0, r1 = t0 * MASK_TILE, min(N, t1 * MASK_TILE)
+        seen = np.minimum(hi[r0:r1, None], c1) - np.maximum(lo[r0:r1, None], c0)
+        seen = np.maximum(seen, 0)
+        pad = (t1 - t0) * MASK_TILE - (r1 - r0)      # the last tile may have fewer rows
+        if pad:
+            seen = np.concatenate([seen, np.zeros((pad, tk_n), dtype=seen.dtype)])
+        pairs[t0:t1] = seen.reshape(t1 - t0, MASK_TILE, tk_n).sum(axis=1)
+    total = (tiles.astype(np.float64) * pairs).sum()
+    # a broadcast dimension stands for all B (or H) of them, as in attn_mask_pairs
+    return float(total * (B if tiles.shape[0] == 1 else 1) * (H if tiles.shape[1] == 1 else 1))
+
+
+def attention_flops(B, H, N, d, causal, direction, window=0, tiles=None):
+    """The harness's count: S = Q K^T and O = P V, 2 d multiply-adds per visible pair each
+    (visible_pairs); the backward 2.5 times the forward."""
+    flops = 4.0 * d * visible_pairs(B, H, N, causal, window, tiles)
     if direction == "backward":
         flops *= BACKWARD_FLOP_FACTOR
     return flops
 
 
+def load_block_mask(path, B, H, N):
+    """The block mask of --block-mask as a uint8 array [1 or B, 1 or H, Tq, Tk], checked as
+    the harness checks it (common/mask.c attn_mask_load); ValueError with the reason."""
+    import numpy as np
+    m = np.load(path)
+    t = (N + MASK_TILE - 1) // MASK_TILE
+    if (m.ndim != 4 or m.shape[0] not in (1, B) or m.shape[1] not in (1, H)
+            or m.shape[2] != t or m.shape[3] != t):
+        raise ValueError("%s: a block mask must be [1 or B=%d, 1 or H=%d, %d, %d] (tiles of %d), "
+                         "got shape %s" % (path, B, H, t, t, MASK_TILE, tuple(m.shape)))
+    if not np.isin(m, (0, 1)).all():
+        raise ValueError("%s: a block mask holds 0 or 1" % path)
+    return m.astype(np.uint8)
+
+
+def flex_mask_mod(torch, tiles, causal, window, device):
+    """FlexAttention's mask_mod for the harness's masks, ANDed: the tile's entry of the block
+    mask tiles (a [1 or B, 1 or H, Tq, Tk] array of 0 and 1, or None), causal (key j <= query
+    i) and the window (i - W < j and j < i + W: with causal, i - W < j <= i). Returns it and
+    the mask's batch and head extents (1: the same for every batch or head, which
+    create_block_mask then takes as None)."""
+    mt = None if tiles is None else torch.from_numpy(tiles).to(device).bool()
+    mb = 1 if mt is None else mt.shape[0]
+    mh = 1 if mt is None else mt.shape[1]
+    if mt is not None:    # index by batch and head only where the mask has them
+        mt = mt[:, 0] if mh == 1 else mt
+        mt = mt[0] if mb == 1 else mt
+
+    tile = MASK_TILE    # a local: what the compiled mask_mod reads is all in its closure
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        qt, kt = q_idx // tile, kv_idx // tile
+        if mt is None:
+            ok = q_idx >= 0
+        elif mb > 1 and mh > 1:
+            ok = mt[b, h, qt, kt]
+        elif mb > 1:
+            ok = mt[b, qt, kt]
+        elif mh > 1:
+            ok = mt[h, qt, kt]
+        else:
+            ok = mt[qt, kt]
+        if causal:
+            ok = ok & (kv_idx <= q_idx)
+        if window:
+            ok = ok & (q_idx - kv_idx < window) & (kv_idx - q_idx < window)
+        return ok
+    return mask_mod, mb, mh
+
+
+def mask_note(args, B, H, N, causal, tiles):
+    """The note's prefix of a masked row, as common/cli.c writes a stage's: "window=W; ", the
+    mask's name, "block-mask density=X; " (visible pairs over B H N^2, as %.4g; only when the
+    mask could be read: tiles, else None)."""
+    import os
+    note = "window=%d; " % args.window if args.window else ""
+    if args.block_mask:
+        if args.mask_spec:
+            note += "mask=%s; " % args.mask_spec.replace(",", "+")
+        else:
+            note += "block-mask=%s; " % os.path.basename(args.block_mask)
+    if tiles is not None:
+        pairs = visible_pairs(B, H, N, causal, args.window, tiles)
+        note += "block-mask density=%.4g; " % (pairs / (float(B) * H * N * N))
+    return note
+
+
 def shapes(args):
     """(B, H, N, d, causal) in the bench's loop order."""
     if args.shapes == "long":
-        return [(LONG_B, LONG_H, n, LONG_D, 0) for n in args.ns]
+        return [(LONG_B, LONG_H, n, LONG_D, c) for c in args.causal for n in args.ns]
+    if args.shapes == "masks":
+        return [(MASKS_B, MASKS_H, n, d, c) for d in args.dims for c in args.causal for n in args.ns]
     return [(TOKENS // n, HIDDEN // d, n, d, c)
             for d in args.dims for c in args.causal for n in args.ns]
 
@@ -107,13 +236,23 @@ def parse_args(argv):
     ints = lambda s: [int(x) for x in words(s)]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--csv", required=True, help="CSV file to append rows to")
-    p.add_argument("--shapes", choices=["sweep", "long"], default="sweep")
+    p.add_argument("--shapes", choices=["sweep", "long", "masks"], default="sweep",
+                   help="sweep: B = 16384/N, H = 2048/d; long: B=1 H=16 d=128; "
+                        "masks: B=2 H=16 (d 128, N 8192 unless --dims, --ns)")
     p.add_argument("--ns", type=ints, default=None,
                    help="sequence lengths (default: the bench's for --shapes)")
-    p.add_argument("--dims", type=ints, default=[64, 128], help="head dims (sweep only)")
-    p.add_argument("--causal", type=ints, default=[0, 1], help="0 1 (sweep only)")
+    p.add_argument("--dims", type=ints, default=None,
+                   help="head dims (sweep: 64 128, masks: 128; long: always 128)")
+    p.add_argument("--causal", type=ints, default=None,
+                   help="0 1 (default: sweep 0 1, long and masks 0)")
     p.add_argument("--dirs", type=words, default=["forward", "backward"])
     p.add_argument("--backends", type=words, default=["flash", "cudnn"])
+    p.add_argument("--window", type=int, default=0,
+                   help="flex only: a sliding window of W keys, as the harness's --window")
+    p.add_argument("--block-mask", default=None,
+                   help="flex only: a block mask .npy, as the harness's --block-mask")
+    p.add_argument("--mask-spec", default=None,
+                   help="the --mask pattern the block mask was made from (for the note)")
     p.add_argument("--gemm", action="store_true",
                    help="also the ceiling rows: the GEMM (ceiling_gemm) and a device copy "
                         "(ceiling_copy)")
@@ -125,8 +264,19 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     if args.ns is None:
-        args.ns = ([8192, 16384, 32768, 65536, 131072] if args.shapes == "long"
-                   else [512, 1024, 2048, 4096, 8192, 16384])
+        args.ns = {"long": [8192, 16384, 32768, 65536, 131072], "masks": [8192]}.get(
+            args.shapes, [512, 1024, 2048, 4096, 8192, 16384])
+    if args.dims is None:
+        args.dims = [128] if args.shapes == "masks" else [64, 128]
+    if args.causal is None:
+        args.causal = [0, 1] if args.shapes == "sweep" else [0]
+    masked = args.window or args.block_mask
+    if masked and [b for b in args.backends if b != "flex"]:
+        p.error("--window and --block-mask are for the flex backend only (SDPA's take no such mask)")
+    if args.window < 0:
+        p.error("--window must be positive")
+    if args.mask_spec and not args.block_mask:
+        p.error("--mask-spec names the pattern of a --block-mask file: give the file too")
     for b in args.backends:
         if b not in BACKENDS:
             p.error("unknown backend %r (have: %s)" % (b, ", ".join(BACKENDS)))
@@ -241,6 +391,73 @@ def main(argv):
         del a, b
         copy_ceiling(out, gpu, time_ms)
 
+    def flex_point(fields, B, H, N, d, causal, direction):
+        """One torch_flex row: FlexAttention under torch.compile with the mask of the flags
+        (see the docstring), timed as the SDPA anchors are, after an untimed compiling call."""
+        version = "torch %s" % torch.__version__
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except ImportError as e:
+            out.write(row(*fields, status="failed", note="no flex_attention in %s: %s" % (version, e)))
+            print("failed: no flex_attention", flush=True)
+            return
+        try:
+            tiles = load_block_mask(args.block_mask, B, H, N) if args.block_mask else None
+        except (OSError, ValueError) as e:
+            out.write(row(*fields, status="refused", note=mask_note(args, B, H, N, causal, None) + str(e)))
+            print("refused: %s" % clean(e), flush=True)
+            return
+        prefix = mask_note(args, B, H, N, causal, tiles)
+        version += " flex_attention (torch.compile; BlockMask of 128 x 128)"
+        grad = direction == "backward"
+        q = k = v = o = d_o = step = None
+        try:
+            W = args.window
+            block_mask = None
+            if tiles is not None or causal or W:
+                mask_mod, mb, mh = flex_mask_mod(torch, tiles, causal, W, dev)
+                block_mask = create_block_mask(mask_mod, B if mb > 1 else None, H if mh > 1 else None,
+                                               N, N, device=dev, BLOCK_SIZE=MASK_TILE)
+            # A fresh compile for each shape and direction (dynamic=False: no symbolic shapes),
+            # so that no shape runs into torch._dynamo's limit of recompiles of one function.
+            torch._dynamo.reset()
+            flex = torch.compile(flex_attention, dynamic=False)
+            # [B, N, H, d] (our layout) viewed as the [B, H, N, d] flex_attention takes, as for
+            # the SDPA anchors: the same memory, the same strides
+            q, k, v = (torch.randn(B, N, H, d, device=dev, dtype=torch.bfloat16, requires_grad=grad)
+                       for _ in range(3))
+            call = lambda: flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                block_mask=block_mask)
+            started = time.perf_counter()
+            if grad:
+                o = call()
+                d_o = torch.randn_like(o)
+                step = lambda: torch.autograd.grad(o, (q, k, v), d_o, retain_graph=True)
+                result_bytes = 3 * q.numel() * q.element_size()   # dQ, dK, dV
+            else:
+                step = call
+                result_bytes = q.numel() * q.element_size()       # O
+            step()                                 # compiles: never timed, never measured
+            torch.cuda.synchronize()
+            compile_s = time.perf_counter() - started
+            ws = extra_bytes(step, result_bytes)
+            ms = time_ms(step)
+            tflops = (attention_flops(B, H, N, d, causal, direction, W, tiles)
+                      / (ms * 1e-3) / 1e12)
+            out.write(row(*fields, ms=ms, tflops=tflops, ws=ws, status="ok",
+                          note=prefix + version))
+            print("%.3f ms  %.1f TFLOP/s (compiled in %.0f s)" % (ms, tflops, compile_s), flush=True)
+        except torch.cuda.OutOfMemoryError:
+            out.write(row(*fields, status="refused", note=prefix + "out of GPU memory (%s)" % version))
+            print("refused: out of GPU memory", flush=True)
+        except Exception as e:   # a compile error is not a RuntimeError in every torch
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            out.write(row(*fields, status="failed", note=prefix + "%s: %s" % (version, first)))
+            print("failed: %s" % clean(first), flush=True)
+        finally:
+            q = k = v = o = d_o = step = call = None
+            torch.cuda.empty_cache()
+
     points = [(be, direction, shape) for be in args.backends for direction in args.dirs
               for shape in shapes(args)]
     for i, (be, direction, (B, H, N, d, causal)) in enumerate(points, 1):
@@ -248,6 +465,9 @@ def main(argv):
         print("[%s %d/%d] %s d=%d N=%d causal=%d ... "
               % (stage, i, len(points), direction, d, N, causal), end="", flush=True)
         fields = (gpu, stage, direction, B, H, N, d, causal)
+        if be == "flex":
+            flex_point(fields, B, H, N, d, causal, direction)
+            continue
         version = "torch %s" % torch.__version__
         if be == "cudnn":
             version += " cuDNN %s" % torch.backends.cudnn.version()
