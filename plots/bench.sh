@@ -8,34 +8,62 @@
 #      (B = 16384/N), hidden 2048 (H = H_kv = 2048/d), bf16, N = 512 ... 16384,
 #      d = 64 and 128, causal and not, forward and backward, for every built stage
 #      program build/NN_* in order, then build/cublas.      -> plots/results/<gpu>.csv
-#   2. The long-context wall: B = 1, H = 16, d = 128, non-causal, N = 8192 ... 131072,
-#      every stage, forward and backward; a stage that refuses an N (stage 1: S does not
-#      fit) is not tried at larger N, nor is one whose next N would take more than
-#      LONG_MAX_CALL_S seconds a call (4x the last: the work grows as N^2); that N gets a
-#      row with status "skipped" and the prediction.    -> plots/results/<gpu>-long.csv
+#   2. The long-context wall: B = 1, H = 16, d = 128, N = 8192 ... 1048576, non-causal and
+#      causal (LONG_CAUSALS), every stage, forward and backward; a stage that refuses an N
+#      (stage 1: S does not fit) is not tried at larger N, nor is one whose next N would take
+#      more than LONG_MAX_CALL_S seconds a call (4x the last: the work grows as N^2); that N
+#      gets a row with status "skipped" and the prediction. Plus the sliding-window series of
+#      every stage with masks: --causal --window LONG_WINDOW (4096), the same N, whose work
+#      grows as N W (2x the last; note "window=4096; ").
+#                                                       -> plots/results/<gpu>-long.csv
 #      (A separate file because the sweep's N = 16384, d = 128 point is also B=1 H=16.)
-#   3. The anchors: PyTorch's FLASH and cuDNN attention on the same shapes (plots/anchors.py),
-#      plus one bf16 GEMM ceiling row, appended to both files.
+#   3. The anchors: PyTorch's FLASH and cuDNN attention on the same shapes (plots/anchors.py;
+#      the long ones up to N = LONG_ANCHOR_MAX_N, 131072), plus one bf16 GEMM ceiling row,
+#      appended to both files.
+#   4. The masks: B = 2, H = 16, d = 128, N = 8192 (MASKS_N), bf16, forward and backward, one
+#      pattern after the other (MASK_PATTERNS): dense, dense causal, --mask random:0.5, 0.25,
+#      0.1, and --causal --window 1024; the dense ones for every program, the masked ones for
+#      the programs with masks (a dense stage refuses them: see accepts_masks), and PyTorch's
+#      FlexAttention (torch_flex, plots/anchors.py) on the identical masks: the block mask a
+#      stage ran with is saved by its run (--save: block_mask.npy) and handed to the anchor.
+#                                                       -> plots/results/<gpu>-masks.csv
 # Correctness is the tests' job: no --check here.
 #
 # Usage:
 #   sh plots/bench.sh                      everything above, into fresh files
 #   STAGES="06_fa2 torch" DIMS=128 sh plots/bench.sh
 #                                          a subset, merged into the existing files
+#   STAGES="06_fa2 09_block_sparse torch_flex" SWEEP=0 LONG=0 sh plots/bench.sh
+#                                          the masks part alone
 #   sh plots/bench.sh --summary [CSV]      print the summary tables of a CSV, run nothing
 #
 # Environment (all optional):
-#   STAGES     programs under build/ to run, e.g. "03_tiled 06_fa2 cublas"; "torch" adds both
-#              anchors, "torch_flash" / "torch_cudnn" one.         default: all built + torch
+#   STAGES     programs under build/ to run, e.g. "03_tiled 06_fa2 cublas"; "torch" adds the
+#              three anchors, "torch_flash" / "torch_cudnn" / "torch_flex" one (torch_flex is
+#              measured in the masks part only, the other two in the sweep and the long
+#              context only).                                      default: all built + torch
 #   NS DIMS CAUSALS    sweep subset            default: "512 ... 16384", "64 128", "0 1"
-#   DIRS       "forward backward" or one of them (sweep and long)  default: both
-#   SWEEP=0    skip the sweep;  LONG=0  skip the long-context wall;  LONG_NS  its N list
+#   DIRS       "forward backward" or one of them (every part)      default: both
+#   SWEEP=0    skip the sweep;  LONG=0  skip the long-context wall;  MASKS=0  skip the masks
+#   LONG_NS    the long context's N list                 default: "8192 16384 ... 1048576"
+#   LONG_CAUSALS  its dense series: 0 non-causal, 1 causal            default: "0 1"
+#   LONG_WINDOW   W of its sliding-window series (--causal --window W; stages with masks);
+#              0: none                                             default: 4096
+#   LONG_WINDOW_NS  that series' N list                            default: LONG_NS
+#   LONG_ANCHOR_MAX_N  the anchors' long shapes stop there           default: 131072
+#   MASK_PATTERNS  the masks part's patterns, in order: dense, causal, window:W (causal
+#              sliding window), or a --mask PATTERN (random:D, local:W, ...)
+#                          default: "dense causal random:0.5 random:0.25 random:0.1 window:1024"
+#   MASKS_N    the masks part's N (B = 2, H = 16, d = 128)         default: 8192
 #   ANCHORS=0|1  skip / force the torch anchors            default: 1 unless STAGES omits torch
-#   MERGE=0|1  1: replace only the rows this run measured (same stage, direction and shape)
-#              and keep the rest; 0: fresh files.   default: 1 if any filter above is set
-#   RESULTS_DIR  where the CSVs go (plots/results); BENCH_CSV, BENCH_LONG_CSV  exact paths
+#   MERGE=0|1  1: replace only the rows this run measured (same stage, direction, shape and
+#              mask: the note's window=, mask=, block-mask= fields, plots/masks.awk) and keep
+#              the rest; 0: fresh files.   default: 1 if any filter above is set
+#   RESULTS_DIR  where the CSVs go (plots/results); BENCH_CSV, BENCH_LONG_CSV, BENCH_MASKS_CSV
+#              exact paths
 #   SEED (1), POINT_TIMEOUT seconds per program run (300), BUILD_DIR (build),
-#   LONG_MAX_CALL_S  the long-context time budget of one call, in seconds (10),
+#   LONG_MAX_CALL_S  the long-context time budget of one call, in seconds (15: enough for the
+#              fastest stages' 1M-token causal forward, 4.5e15 FLOP, ~8 s at 550 TFLOP/s),
 #   GPU_NAME   overrides nvidia-smi's name (the file name is the name with spaces -> '-')
 #
 # Rows are collected in <csv>.part and moved onto <csv> only when the run finishes, so an
@@ -51,15 +79,26 @@ HIDDEN=2048         # ... and H * d = 2048
 LONG_B=1
 LONG_H=16
 LONG_D=128
+MASKS_B=2           # the masks part: B = 2, H = 16, d = 128 (and MASKS_N)
+MASKS_H=16
+MASKS_D=128
 SUMMARY_N=8192      # the sequence length the summary tables quote
+# which mask a row was measured with, from its note (mask_key and friends)
+MASKS_AWK=$(cat plots/masks.awk) || exit 2
 
 # --------------------------------------------------------------------------------------
 # Summary tables (also the --summary mode).
 
-# summary CSV [LONG_CSV]: TFLOP/s at N = SUMMARY_N per stage, the ratio of 06_fa2 (or
-# $RATIO_STAGE) to torch_flash per shape, and the longest N each stage ran.
+# summary CSV [LONG_CSV [MASKS_CSV]]: TFLOP/s at N = SUMMARY_N per stage, the ratio of 06_fa2
+# (or $RATIO_STAGE) to torch_flash per shape, the longest N each stage ran in each series of
+# the long context, and the masks' times (of the CSVs that exist).
 summary() {
-    [ -s "$1" ] || { echo "summary: no rows in $1"; return 0; }
+    if [ -s "$1" ]; then summary_sweep "$1"; else echo "summary: no rows in $1"; fi
+    summary_more "${2:-}" "${3:-}"
+}
+
+# summary_sweep CSV: the sweep's tables
+summary_sweep() {
     echo
     echo "TFLOP/s at N=$SUMMARY_N (bf16; '-' none; R refused; F failed): $1"
     awk -F, -v n="$SUMMARY_N" '
@@ -117,18 +156,34 @@ summary() {
             }' "$1"
     fi
 
-    if [ -n "${2:-}" ] && [ -s "$2" ]; then
+}
+
+# summary_more [LONG_CSV] [MASKS_CSV]: the long context's and the masks' tables
+summary_more() {
+    if [ -n "${1:-}" ] && [ -s "$1" ]; then
         echo
-        echo "Longest N per stage (B=$LONG_B H=$LONG_H d=$LONG_D): $2"
-        awk -F, '
+        echo "Longest N per stage and series (B=$LONG_B H=$LONG_H d=$LONG_D): $1"
+        awk -F, "$MASKS_AWK"'
             FNR == 1 { next }
             {
-                k = sprintf("%-14s %-8s", $2, $3)
+                k = sprintf("%-14s %-8s %-20s", $2, $3, mask_label($11, mask_key($16)))
                 if ($15 == "ok" && $8 + 0 > best[k]) best[k] = $8 + 0
                 if ($15 != "ok" && !(k in stop)) stop[k] = $15 " at N=" $8 ": " $16
                 seen[k] = 1
             }
-            END { for (k in seen) printf "%s %7s  %s\n", k, (k in best) ? best[k] : "-", stop[k] }' "$2" | sort
+            END { for (k in seen) printf "%s %7s  %s\n", k, (k in best) ? best[k] : "-", stop[k] }' "$1" | sort
+    fi
+    if [ -n "${2:-}" ] && [ -s "$2" ]; then
+        echo
+        echo "Masks (B=$MASKS_B H=$MASKS_H d=$MASKS_D): ms per call, TFLOP/s of the visible pairs: $2"
+        awk -F, "$MASKS_AWK"'
+            FNR == 1 || $10 == 0 { next }
+            {
+                k = mask_key($16)
+                v = $15 == "ok" ? sprintf("%.3f ms %6.1f", $12, $13) : $15
+                r = mask_rank($11, k, mask_fraction($8, $11, $16))
+                printf "%08.4f\t%-24s N=%-6s %-16s %-8s %s\n", r, mask_label($11, k), $8, $2, $3, v
+            }' "$2" | sort -t "$(printf '\t')" -k1,1 -s | cut -f2
     fi
 }
 
@@ -136,12 +191,12 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench.XXXXXX") || exit 2
 trap 'rm -rf "$WORK"' EXIT
 # Interrupted (e.g. by `timeout` at the end of a device lease): with MERGE=1 the rows measured
 # so far are merged in, since each one is complete; otherwise they stay in the .part file.
-ACTIVE_CSV=
+ACTIVE_CSV= ACTIVE_RUN=
 on_interrupt() {
     echo
     if [ "$MERGE" = 1 ] && [ -n "$ACTIVE_CSV" ]; then
         echo "bench: interrupted; merging the rows measured so far"
-        finish_csv "$ACTIVE_CSV"
+        finish_csv "$ACTIVE_CSV" "$ACTIVE_RUN"
     else
         echo "bench: interrupted; the rows so far are in the .part file(s)"
     fi
@@ -153,11 +208,11 @@ if [ "${1:-}" = --summary ]; then
     csv=${2:-}
     if [ -z "$csv" ]; then
         for f in plots/results/*.csv; do
-            case $f in *-long.csv) ;; *) [ -f "$f" ] && csv=$f && break ;; esac
+            case $f in *-long.csv | *-masks.csv | *-bytes.csv) ;; *) [ -f "$f" ] && csv=$f && break ;; esac
         done
     fi
     if [ -z "$csv" ] || [ ! -f "$csv" ]; then echo "bench: no CSV to summarise" >&2; exit 2; fi
-    summary "$csv" "${csv%.csv}-long.csv"
+    summary "$csv" "${csv%.csv}-long.csv" "${csv%.csv}-masks.csv"
     exit 0
 fi
 
@@ -165,7 +220,9 @@ fi
 # Settings.
 
 filtered=0
-for v in "${STAGES:-}" "${NS:-}" "${DIMS:-}" "${CAUSALS:-}" "${DIRS:-}" "${LONG_NS:-}"; do
+for v in "${STAGES:-}" "${NS:-}" "${DIMS:-}" "${CAUSALS:-}" "${DIRS:-}" "${LONG_NS:-}" \
+         "${LONG_CAUSALS:-}" "${LONG_WINDOW:-}" "${LONG_WINDOW_NS:-}" "${MASK_PATTERNS:-}" \
+         "${MASKS_N:-}"; do
     [ -n "$v" ] && filtered=1
 done
 MERGE=${MERGE:-$filtered}
@@ -173,12 +230,19 @@ NS=${NS:-"512 1024 2048 4096 8192 16384"}
 DIMS=${DIMS:-"64 128"}
 CAUSALS=${CAUSALS:-"0 1"}
 DIRS=${DIRS:-"forward backward"}
-LONG_NS=${LONG_NS:-"8192 16384 32768 65536 131072"}
+LONG_NS=${LONG_NS:-"8192 16384 32768 65536 131072 262144 524288 1048576"}
+LONG_CAUSALS=${LONG_CAUSALS:-"0 1"}
+LONG_WINDOW=${LONG_WINDOW:-4096}
+LONG_WINDOW_NS=${LONG_WINDOW_NS:-$LONG_NS}
+LONG_ANCHOR_MAX_N=${LONG_ANCHOR_MAX_N:-131072}
+MASK_PATTERNS=${MASK_PATTERNS:-"dense causal random:0.5 random:0.25 random:0.1 window:1024"}
+MASKS_N=${MASKS_N:-8192}
 SWEEP=${SWEEP:-1}
 LONG=${LONG:-1}
+MASKS=${MASKS:-1}
 SEED=${SEED:-1}
 POINT_TIMEOUT=${POINT_TIMEOUT:-300}
-LONG_MAX_CALL_S=${LONG_MAX_CALL_S:-10}
+LONG_MAX_CALL_S=${LONG_MAX_CALL_S:-15}
 BUILD_DIR=${BUILD_DIR:-build}
 RESULTS_DIR=${RESULTS_DIR:-plots/results}
 
@@ -193,7 +257,8 @@ GPU_NAME=$(printf '%s' "$GPU_NAME" | tr -d ',')
 GPU_TAG=$(printf '%s' "$GPU_NAME" | tr ' /' '--' | tr -cd 'A-Za-z0-9._-')
 CSV=${BENCH_CSV:-$RESULTS_DIR/$GPU_TAG.csv}
 LONG_CSV=${BENCH_LONG_CSV:-$RESULTS_DIR/$GPU_TAG-long.csv}
-mkdir -p "$(dirname "$CSV")" "$(dirname "$LONG_CSV")" || exit 2
+MASKS_CSV=${BENCH_MASKS_CSV:-$RESULTS_DIR/$GPU_TAG-masks.csv}
+mkdir -p "$(dirname "$CSV")" "$(dirname "$LONG_CSV")" "$(dirname "$MASKS_CSV")" || exit 2
 
 # The programs to run, in ladder order, and which anchors.
 programs=
@@ -204,12 +269,12 @@ if [ -z "${STAGES:-}" ]; then
         [ -f "$f" ] && [ -x "$f" ] && programs="$programs ${f##*/}"
     done
     [ -x "$BUILD_DIR/cublas" ] && programs="$programs cublas"
-    anchors="flash cudnn"
+    anchors="flash cudnn flex"
 else
     for s in $STAGES; do
         case $s in
-            torch) anchors="flash cudnn" ;;
-            torch_flash | torch_cudnn) anchors="$anchors ${s#torch_}" ;;
+            torch) anchors="flash cudnn flex" ;;
+            torch_flash | torch_cudnn | torch_flex) anchors="$anchors ${s#torch_}" ;;
             *)  if [ -x "$BUILD_DIR/$s" ]; then programs="$programs $s"
                 else echo "bench: $BUILD_DIR/$s is not built; skipped (make $BUILD_DIR/$s)"; fi ;;
         esac
@@ -217,9 +282,15 @@ else
 fi
 case ${ANCHORS:-} in
     0) anchors= ;;
-    1) [ -n "$anchors" ] || anchors="flash cudnn" ;;
+    1) [ -n "$anchors" ] || anchors="flash cudnn flex" ;;
 esac
 [ -n "$programs$anchors" ] || { echo "bench: nothing to run (no build/NN_* programs: run make)" >&2; exit 2; }
+# SDPA's backends time the sweep and the long context; FlexAttention the masks
+sdpa_anchors= flex_anchor=
+for a in $anchors; do
+    case $a in flex) flex_anchor=flex ;; *) sdpa_anchors="$sdpa_anchors $a" ;; esac
+done
+sdpa_anchors=${sdpa_anchors# }
 
 # --------------------------------------------------------------------------------------
 # One measurement.
@@ -233,13 +304,16 @@ else
     with_timeout() { shift; "$@"; }
 fi
 
-# run_point CSV STAGE DIRECTION B H N D CAUSAL: runs one program on one shape, makes sure
-# the CSV got its row (a crash or a timeout writes none, so we add a failed one), prints
-# the outcome and sets POINT_STATUS to ok, refused or failed.
+# run_point CSV STAGE DIRECTION B H N D CAUSAL PREFIX [FLAG...]: runs one program on one
+# shape, with the extra FLAGs (--window W, --mask P, --save DIR), makes sure the CSV got its
+# row (a crash or a timeout writes none, so we add a failed one whose note starts with
+# PREFIX, the mask fields the program would have written: "window=W; "), prints the outcome
+# and sets POINT_STATUS to ok, refused or failed.
 run_point() {
-    rp_csv=$1 rp_stage=$2 rp_dir=$3 rp_b=$4 rp_h=$5 rp_n=$6 rp_d=$7 rp_causal=$8
+    rp_csv=$1 rp_stage=$2 rp_dir=$3 rp_b=$4 rp_h=$5 rp_n=$6 rp_d=$7 rp_causal=$8 rp_prefix=$9
+    shift 9
     set -- "$BUILD_DIR/$rp_stage" --batch "$rp_b" --heads "$rp_h" --kv-heads "$rp_h" \
-        --seqlen "$rp_n" --dim "$rp_d" --dtype bf16 --bench --seed "$SEED" --csv "$rp_csv"
+        --seqlen "$rp_n" --dim "$rp_d" --dtype bf16 --bench --seed "$SEED" --csv "$rp_csv" "$@"
     [ "$rp_causal" = 1 ] && set -- "$@" --causal
     [ "$rp_dir" = backward ] && set -- "$@" --backward
     rp_before=$(count_lines "$rp_csv")
@@ -249,7 +323,7 @@ run_point() {
         if [ "$rp_rc" = 124 ]; then rp_note="timed out after $POINT_TIMEOUT s"
         else rp_note="exit code $rp_rc without a row"; fi
         [ -s "$rp_csv" ] || echo "$HEADER" > "$rp_csv"
-        echo "$GPU_TAG,$rp_stage,$rp_dir,bf16,$rp_b,$rp_h,$rp_h,$rp_n,$rp_n,$rp_d,$rp_causal,,,,failed,$rp_note" >> "$rp_csv"
+        echo "$GPU_TAG,$rp_stage,$rp_dir,bf16,$rp_b,$rp_h,$rp_h,$rp_n,$rp_n,$rp_d,$rp_causal,,,,failed,$rp_prefix$rp_note" >> "$rp_csv"
     fi
     POINT_STATUS=$(tail -n 1 "$rp_csv" | awk -F, '{ print $15 }')
     tail -n 1 "$rp_csv" | awk -F, '
@@ -260,53 +334,100 @@ run_point() {
     fi
 }
 
-# start_csv FILE: the .part file this run collects its rows in.
+# start_csv FILE [RUN]: the .part file this run collects its rows in; RUN: the line its
+# finish_csv will write (for an interrupted run's merge)
 start_csv() {
     if [ -e "$1.part" ]; then echo "bench: discarding $1.part left by an earlier run"; fi
     rm -f "$1.part"
-    ACTIVE_CSV=$1
+    ACTIVE_CSV=$1 ACTIVE_RUN=${2:-}
 }
 
-# finish_csv FILE: moves the collected rows into place; with MERGE=1, rows of FILE that
-# this run did not re-measure (key: stage, direction, dtype and shape) are kept.
+# finish_csv FILE [RUN]: moves the collected rows into place; with MERGE=1, rows of FILE that
+# this run did not re-measure (key: stage, direction, dtype, shape and mask: the note's
+# window=, mask= and block-mask= fields, mask_key in plots/masks.awk) are kept.
 # FILE.runs gets one line per run whose rows FILE holds (a fresh file: this run's line only;
-# a merge: the line appended), which plots/plots.sh --sources reads to say when a file mixes runs.
+# a merge: the line appended), which plots/plots.sh --sources reads to say when a file mixes
+# runs; RUN is the line (default RUN_LINE).
 finish_csv() {
     part=$1.part
-    ACTIVE_CSV=
+    run_line=${2:-$RUN_LINE}
+    ACTIVE_CSV= ACTIVE_RUN=
     # keep only whole rows (16 fields): a program killed mid-write leaves none behind
     awk -F, 'NF == 16' "$part" > "$part.whole" 2>/dev/null && mv "$part.whole" "$part"
     if [ ! -s "$part" ]; then echo "bench: no rows collected for $1; left as it was"; return; fi
     if [ "$MERGE" = 1 ] && [ -s "$1" ]; then
-        awk -F, '
-            { key = $2 FS $3 FS $4 FS $5 FS $6 FS $7 FS $8 FS $9 FS $10 FS $11 }
+        awk -F, "$MASKS_AWK"'
+            { key = $2 FS $3 FS $4 FS $5 FS $6 FS $7 FS $8 FS $9 FS $10 FS $11 FS mask_key($16) }
             NR == FNR { if (FNR > 1) { fresh[key] = 1; rows[++n] = $0 } next }
             FNR == 1 { print; next }
             !(key in fresh) { print }
             END { for (i = 1; i <= n; i++) print rows[i] }' "$part" "$1" > "$1.merged" &&
             mv "$1.merged" "$1" && rm -f "$part"
-        echo "$RUN_LINE; merged into the rows of the runs above" >> "$1.runs"
+        echo "$run_line; merged into the rows of the runs above" >> "$1.runs"
         echo "bench: merged into $1"
     else
         mv "$part" "$1"
-        echo "$RUN_LINE" > "$1.runs"
+        echo "$run_line" > "$1.runs"
         echo "bench: wrote $1"
     fi
 }
 
-# run_anchors CSV ARGS...: plots/anchors.py if torch sees a GPU, else says why not.
+# run_anchors CSV BACKENDS ARGS...: plots/anchors.py for BACKENDS (flash cudnn flex, any of
+# them; none: nothing) if torch sees a GPU, else says why not.
+torch_why=
 run_anchors() {
-    [ -n "$anchors" ] || return 0
-    out=$1; shift
-    why=$(python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no CUDA device")' 2>&1)
-    if [ $? -ne 0 ]; then
-        echo "bench: anchors skipped: $(printf '%s' "${why:-python3 not found}" | tail -n 1)"
+    out=$1 backends=$(echo $2 | tr ' ' ',')
+    shift 2
+    [ -n "$backends" ] || return 0
+    if [ -z "$torch_why" ]; then    # asked once a run
+        torch_why=$(python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "torch sees no CUDA device")' 2>&1)
+        [ $? -eq 0 ] && torch_why=ok || torch_why=${torch_why:-python3 not found}
+    fi
+    if [ "$torch_why" != ok ]; then
+        echo "bench: anchors skipped: $(printf '%s' "$torch_why" | tail -n 1)"
         return 0
     fi
-    backends=$(echo $anchors | tr ' ' ',')
     PYTHONUNBUFFERED=1 python3 plots/anchors.py --csv "$out" --backends "$backends" \
         --dirs "$DIRS" --seed "$SEED" "$@" ||
         echo "bench: plots/anchors.py exited with $? (its rows so far are kept)"
+}
+
+# accepts_masks STAGE: whether the program runs windows and block masks. A dense stage (and
+# cuBLAS) refuses them before any GPU work, with one line ending "a dense stage" and exit 2
+# (common/cli.c); a stage with masks runs the tiny windowed call.
+accepts_masks() {
+    am_out=$("$BUILD_DIR/$1" --batch 1 --heads 1 --seqlen 256 --dim 128 --causal --window 128 2>&1 >/dev/null)
+    [ $? = 2 ] || return 0
+    case $am_out in *"a dense stage"*) return 1 ;; esac
+    return 0
+}
+mask_programs=   # the programs with masks, once asked (mask_programs_probe)
+mask_programs_probe() {
+    [ -z "$mask_programs" ] || return 0
+    mask_programs=" "
+    for s in $programs; do
+        if accepts_masks "$s"; then mask_programs="$mask_programs$s "
+        else echo "bench: $s has no masks (a dense stage): no windowed or block-masked runs of it"; fi
+    done
+}
+has_masks() { mask_programs_probe; case $mask_programs in *" $1 "*) return 0 ;; esac; return 1; }
+
+# pattern_args PATTERN: a pattern of MASK_PATTERNS as the program's flags. Sets PA_CAUSAL (0 or
+# 1), PA_FLAGS (--window W or --mask P), PA_PREFIX (the note's mask fields, as common/cli.c
+# writes them), PA_WINDOW (W, or 0) and PA_SPEC (the --mask pattern, or empty).
+#   dense         no mask                     causal      --causal
+#   window:W      --causal --window W         P           --mask P (random:D, local:W, ...)
+pattern_args() {
+    PA_CAUSAL=0 PA_FLAGS= PA_PREFIX= PA_WINDOW=0 PA_SPEC=
+    case $1 in
+        dense) ;;
+        causal) PA_CAUSAL=1 ;;
+        window:*) PA_CAUSAL=1 PA_WINDOW=${1#window:} PA_FLAGS="--window ${1#window:}"
+                  PA_PREFIX="window=${1#window:}; " ;;
+        *:*) PA_SPEC=$1 PA_FLAGS="--mask $1" PA_PREFIX="mask=$(printf '%s' "$1" | tr ',' '+'); " ;;
+        *) echo "bench: MASK_PATTERNS: unknown pattern '$1' (dense, causal, window:W, or a --mask pattern such as random:0.1)"
+           return 1 ;;
+    esac
 }
 
 count_words() { echo $# ; }
@@ -317,8 +438,12 @@ reverse_words() { r=; for w in "$@"; do r="$w${r:+ $r}"; done; echo "$r"; }
 # 1. The sweep.
 
 echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; merge=$MERGE"
-# what this run measures, for the .runs file of each CSV it writes (see finish_csv)
-RUN_LINE="$(date -u '+%Y-%m-%d %H:%M UTC'): programs${programs:- none}; anchors ${anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS"
+# what this run measures, for the .runs file of each CSV it writes (see finish_csv): the sweep's
+# and the long context's line (their anchors: SDPA's), and the masks' (its anchor: flex)
+RUN_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
+RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${sdpa_anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS"
+LONG_RUN_LINE="$RUN_LINE; long causal $LONG_CAUSALS, window $LONG_WINDOW; long N $LONG_NS"
+MASKS_RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${flex_anchor:-none}; dirs $DIRS; masks $MASK_PATTERNS; N $MASKS_N, B $MASKS_B, H $MASKS_H, d $MASKS_D"
 if [ "$SWEEP" != 0 ]; then
     start_csv "$CSV"
     total=$(( $(count_words $programs) * $(count_words $DIRS) * $(count_words $DIMS) *
@@ -341,7 +466,7 @@ if [ "$SWEEP" != 0 ]; then
                             echo "refused: has no backward pass"
                             continue
                         fi
-                        run_point "$CSV.part" "$stage" "$dir" "$b" "$h" "$n" "$dim" "$causal"
+                        run_point "$CSV.part" "$stage" "$dir" "$b" "$h" "$n" "$dim" "$causal" ""
                         if [ "$dir" = backward ] && [ "$POINT_STATUS" = refused ] &&
                             tail -n 1 "$CSV.part" | grep -q 'has no backward pass'; then
                             no_backward=1
@@ -351,54 +476,144 @@ if [ "$SWEEP" != 0 ]; then
             done
         done
     done
-    run_anchors "$CSV.part" --shapes sweep --ns "$NS" --dims "$DIMS" --causal "$CAUSALS" --gemm
+    run_anchors "$CSV.part" "$sdpa_anchors" --shapes sweep --ns "$NS" --dims "$DIMS" --causal "$CAUSALS" --gemm
     finish_csv "$CSV"
 fi
 
 # --------------------------------------------------------------------------------------
-# 2. The long-context wall.
+# 2. The long-context wall: per stage, its series (non-causal, causal, and for a stage with
+# masks the causal sliding window), each forward and backward, N up while the calls fit.
 
 if [ "$LONG" != 0 ]; then
-    start_csv "$LONG_CSV"
-    total=$(( $(count_words $programs) * $(count_words $DIRS) * $(count_words $LONG_NS) ))
+    start_csv "$LONG_CSV" "$LONG_RUN_LINE"
+    # the series, "causal:window" each: LONG_CAUSALS without a window, then the window's
+    series=
+    for c in $LONG_CAUSALS; do series="$series $c:0"; done
+    [ "${LONG_WINDOW:-0}" -gt 0 ] 2>/dev/null && series="$series 1:$LONG_WINDOW" && mask_programs_probe
+    nwin=0
+    for s in $programs; do case $mask_programs in *" $s "*) nwin=$((nwin + 1)) ;; esac; done
+    total=$(( $(count_words $programs) * $(count_words $LONG_CAUSALS) * $(count_words $DIRS) *
+              $(count_words $LONG_NS) ))
+    [ "${LONG_WINDOW:-0}" -gt 0 ] 2>/dev/null &&
+        total=$((total + nwin * $(count_words $DIRS) * $(count_words $LONG_WINDOW_NS)))
     i=0
     # Latest stages first: they are the fast ones, so a command cut short by a time limit
     # loses the slow naive points, not the linear-memory ones the wall is about.
     for stage in $(reverse_words $programs); do
-        for dir in $DIRS; do
-            stopped=
-            last_ms=
-            for n in $LONG_NS; do
-                i=$((i + 1))
-                if [ -n "$stopped" ]; then continue; fi
-                printf '[long %d/%d] %s %s B=%s H=%s d=%s N=%s ... ' \
-                    "$i" "$total" "$stage" "$dir" "$LONG_B" "$LONG_H" "$LONG_D" "$n"
-                # The time a call of this N would take, from the last N's (x4: N^2 work).
-                if [ -n "${last_ms:-}" ] && awk -v ms="$last_ms" -v cap="$LONG_MAX_CALL_S" \
-                        'BEGIN { exit !(4 * ms / 1000 > cap) }'; then
-                    predicted=$(awk -v ms="$last_ms" 'BEGIN { printf "%.0f", 4 * ms / 1000 }')
-                    echo "skipped: predicted ${predicted} s a call > LONG_MAX_CALL_S = $LONG_MAX_CALL_S s"
-                    echo "$GPU_TAG,$stage,$dir,bf16,$LONG_B,$LONG_H,$LONG_H,$n,$n,$LONG_D,0,,,,skipped,predicted ${predicted} s a call (4x N/2's) > the bench's LONG_MAX_CALL_S = $LONG_MAX_CALL_S s" >> "$LONG_CSV.part"
-                    stopped=1
-                    echo "    (larger N skipped for $stage $dir)"
-                    continue
-                fi
-                run_point "$LONG_CSV.part" "$stage" "$dir" "$LONG_B" "$LONG_H" "$n" "$LONG_D" 0
-                last_ms=$(tail -n 1 "$LONG_CSV.part" | awk -F, '$15 == "ok" { print $12 }')
-                # A refusal (too big, or no backward) or a timeout only gets worse with N.
-                case $POINT_STATUS in
-                    refused) stopped=1 ;;
-                    failed) tail -n 1 "$LONG_CSV.part" | grep -q 'timed out' && stopped=1 ;;
-                esac
-                [ -n "$stopped" ] && echo "    (larger N skipped for $stage $dir)"
+        for ser in $series; do
+            causal=${ser%%:*} win=${ser#*:}
+            if [ "$win" -gt 0 ]; then
+                has_masks "$stage" || continue
+                # the work grows as N W: a call twice the last one's
+                ns=$LONG_WINDOW_NS growth=2 prefix="window=$win; " what="causal window $win"
+                set -- --window "$win"
+            else
+                # the work grows as N^2: four times
+                ns=$LONG_NS growth=4 prefix= what=$([ "$causal" = 1 ] && echo causal || echo non-causal)
+                set --
+            fi
+            for dir in $DIRS; do
+                stopped=
+                last_ms=
+                for n in $ns; do
+                    i=$((i + 1))
+                    if [ -n "$stopped" ]; then continue; fi
+                    printf '[long %d/%d] %s %s %s B=%s H=%s d=%s N=%s ... ' \
+                        "$i" "$total" "$stage" "$dir" "$what" "$LONG_B" "$LONG_H" "$LONG_D" "$n"
+                    # The time a call of this N would take, from the last N's (x growth).
+                    if [ -n "${last_ms:-}" ] && awk -v ms="$last_ms" -v g="$growth" -v cap="$LONG_MAX_CALL_S" \
+                            'BEGIN { exit !(g * ms / 1000 > cap) }'; then
+                        predicted=$(awk -v ms="$last_ms" -v g="$growth" 'BEGIN { printf "%.0f", g * ms / 1000 }')
+                        echo "skipped: predicted ${predicted} s a call > LONG_MAX_CALL_S = $LONG_MAX_CALL_S s"
+                        echo "$GPU_TAG,$stage,$dir,bf16,$LONG_B,$LONG_H,$LONG_H,$n,$n,$LONG_D,$causal,,,,skipped,${prefix}predicted ${predicted} s a call (${growth}x N/2's) > the bench's LONG_MAX_CALL_S = $LONG_MAX_CALL_S s" >> "$LONG_CSV.part"
+                        stopped=1
+                        echo "    (larger N skipped for $stage $dir $what)"
+                        continue
+                    fi
+                    run_point "$LONG_CSV.part" "$stage" "$dir" "$LONG_B" "$LONG_H" "$n" "$LONG_D" \
+                        "$causal" "$prefix" "$@"
+                    last_ms=$(tail -n 1 "$LONG_CSV.part" | awk -F, '$15 == "ok" { print $12 }')
+                    # A refusal (too big, or no backward) or a timeout only gets worse with N.
+                    case $POINT_STATUS in
+                        refused) stopped=1 ;;
+                        failed) tail -n 1 "$LONG_CSV.part" | grep -q 'timed out' && stopped=1 ;;
+                    esac
+                    [ -n "$stopped" ] && echo "    (larger N skipped for $stage $dir $what)"
+                done
             done
         done
     done
-    run_anchors "$LONG_CSV.part" --shapes long --ns "$LONG_NS"
-    finish_csv "$LONG_CSV"
+    # the anchors' long shapes: non-causal and causal (LONG_CAUSALS), up to LONG_ANCHOR_MAX_N
+    anchor_ns=
+    for n in $LONG_NS; do [ "$n" -le "$LONG_ANCHOR_MAX_N" ] && anchor_ns="${anchor_ns:+$anchor_ns }$n"; done
+    [ -z "$anchor_ns" ] ||
+        run_anchors "$LONG_CSV.part" "$sdpa_anchors" --shapes long --ns "$anchor_ns" --causal "$LONG_CAUSALS"
+    finish_csv "$LONG_CSV" "$LONG_RUN_LINE"
 fi
 
 # --------------------------------------------------------------------------------------
-# 3. Summary.
+# 4. The masks: every pattern for the programs with masks, the dense ones for every program,
+# and torch_flex on the same masks (the block masks the stages' runs saved).
 
-summary "$CSV" "$LONG_CSV"
+if [ "$MASKS" != 0 ]; then
+    start_csv "$MASKS_CSV" "$MASKS_RUN_LINE"
+    mask_programs_probe
+    npat=0 nmasked=0
+    for pat in $MASK_PATTERNS; do
+        pattern_args "$pat" || continue
+        npat=$((npat + 1))
+        [ -z "$PA_FLAGS" ] || nmasked=$((nmasked + 1))
+    done
+    nwin=0
+    for s in $programs; do case $mask_programs in *" $s "*) nwin=$((nwin + 1)) ;; esac; done
+    total=$(( ($(count_words $programs) * (npat - nmasked) + nwin * nmasked) * $(count_words $DIRS) ))
+    i=0
+    for stage in $programs; do
+        for dir in $DIRS; do
+            for pat in $MASK_PATTERNS; do
+                pattern_args "$pat" >/dev/null || continue
+                if [ -n "$PA_FLAGS" ] && ! has_masks "$stage"; then continue; fi
+                i=$((i + 1))
+                printf '[masks %d/%d] %s %s %s B=%s H=%s d=%s N=%s ... ' \
+                    "$i" "$total" "$stage" "$dir" "$pat" "$MASKS_B" "$MASKS_H" "$MASKS_D" "$MASKS_N"
+                # The first run of a block mask saves it, for torch_flex (--save writes the
+                # mask the run used as block_mask.npy, with the tensors, which go at once).
+                file=$WORK/mask-$(printf '%s' "$pat" | tr -c 'A-Za-z0-9._-' '_').npy
+                set -- $PA_FLAGS
+                if [ -n "$PA_SPEC" ] && [ ! -f "$file" ]; then
+                    rm -rf "$WORK/save"
+                    set -- "$@" --save "$WORK/save"
+                fi
+                run_point "$MASKS_CSV.part" "$stage" "$dir" "$MASKS_B" "$MASKS_H" "$MASKS_N" \
+                    "$MASKS_D" "$PA_CAUSAL" "$PA_PREFIX" "$@"
+                if [ -f "$WORK/save/block_mask.npy" ] && [ "$POINT_STATUS" = ok ]; then
+                    mv "$WORK/save/block_mask.npy" "$file"
+                fi
+                rm -rf "$WORK/save"
+            done
+        done
+    done
+    if [ -n "$flex_anchor" ]; then
+        for pat in $MASK_PATTERNS; do
+            pattern_args "$pat" >/dev/null || continue
+            set -- --shapes masks --ns "$MASKS_N" --dims "$MASKS_D" --causal "$PA_CAUSAL"
+            [ "$PA_WINDOW" = 0 ] || set -- "$@" --window "$PA_WINDOW"
+            if [ -n "$PA_SPEC" ]; then
+                file=$WORK/mask-$(printf '%s' "$pat" | tr -c 'A-Za-z0-9._-' '_').npy
+                if [ ! -f "$file" ]; then
+                    echo "bench: torch_flex not run on $pat: no stage with masks ran it, so there is no mask file to hand it"
+                    continue
+                fi
+                set -- "$@" --block-mask "$file" --mask-spec "$PA_SPEC"
+            fi
+            echo "bench: torch_flex on $pat"
+            run_anchors "$MASKS_CSV.part" flex "$@"
+        done
+    fi
+    finish_csv "$MASKS_CSV" "$MASKS_RUN_LINE"
+fi
+
+# --------------------------------------------------------------------------------------
+# Summary.
+
+summary "$CSV" "$LONG_CSV" "$MASKS_CSV"
