@@ -8,20 +8,23 @@
 #     styles.gp   the `set linetype` of every stage (the same look in every figure)
 #     vars.gp     out (the PNG), heading (the figure's title, any number of lines: "\n"
 #                 breaks it; plots/plots.sh ends it with the line naming its CSVs and their
-#                 date), panels (1 or 2),
+#                 date), panels (1 or 2), xkind ('N', the default: x is the sequence length
+#                 N; 'fraction': x is the visible fraction of (query, key) pairs, masks.png),
 #                 and per panel p = 0, 1:
 #                   ptitle<p>   panel title
 #                   ylabel<p>   y axis label
 #                   yformat<p>  tic format of the y axis ('%g'; '%.0b %BB' for bytes)
 #                   yfactor<p>  0: y tics at 1, 2, 5 x powers of 10; else at powers of this
 #                               (32 for bytes: 1 MiB, 32 MiB, 1 GiB; 2 for ratios: 0.5, 1, 2)
-#                   nlist<p>    the N values to put x tics at
+#                   nlist<p>    the N values (or fractions) to put x tics at
 #     p<p>.gp     panel p: `set label` lines, then its `plot` command (the series, with
 #                 notitle: the key is drawn apart)
 #     key.gp      the key: a `plot` of NaN elements, one per entry, in order
-# x is the sequence length N on a log2 axis, y a log axis, in every figure.
+# x is the sequence length N on a log2 axis (the fraction in masks.png), y a log axis, in
+# every figure.
 
 load dat.'/vars.gp'
+if (!exists('xkind')) { xkind = 'N' }
 W = (panels == 2) ? 1600 : 1000
 if (term eq 'pngcairo') {
     set terminal pngcairo size W, 600 font 'DejaVu Sans,10' noenhanced
@@ -31,8 +34,8 @@ if (term eq 'pngcairo') {
 set output out
 load dat.'/styles.gp'
 
-# N tics as 512, 1k, 2k, ... 128k; the range padded so that end points stay inside.
-xlab(n) = n < 1024 ? sprintf('%d', n) : sprintf('%dk', n / 1024)
+# N tics as 512, 1k, 2k, ... 128k, ... 1M; the range padded so that end points stay inside.
+xlab(n) = n < 1024 ? sprintf('%d', n) : n < 1048576 ? sprintf('%dk', n / 1024) : sprintf('%dM', n / 1048576)
 
 KW = (panels == 2) ? 0.19 : 0.26     # width of the key, as a fraction of the figure
 PW = (1 - KW) / panels
@@ -59,7 +62,7 @@ do for [p = 0 : panels - 1] {
         do for [e = -3 : 6] { set ytics add (10.0 ** e, 2 * 10.0 ** e, 5 * 10.0 ** e) }
     }
     set format y value(sprintf('yformat%d', p))
-    set xlabel 'sequence length N'
+    set xlabel (xkind eq 'fraction' ? 'visible fraction of the (query, key) pairs' : 'sequence length N')
     set ylabel value(sprintf('ylabel%d', p))
     set title value(sprintf('ptitle%d', p))
     set autoscale yfix                  # the data's range plus a margin, not whole decades
@@ -68,11 +71,16 @@ do for [p = 0 : panels - 1] {
 
     nlist = value(sprintf('nlist%d', p))
     set xtics ()
-    do for [w in nlist] { n = int(w); lab = xlab(n); set xtics add (lab n) }
-    if (words(nlist) > 0) {
-        set xrange [int(word(nlist, 1)) / 1.3 : int(word(nlist, words(nlist))) * 1.3]
+    if (xkind eq 'fraction') {
+        do for [w in nlist] { x = real(w); set xtics add (sprintf('%g', x) x) }
+        set xrange [real(word(nlist, 1)) / 1.3 : real(word(nlist, words(nlist))) * 1.3]
     } else {
-        set xrange [256 : 32768]
+        do for [w in nlist] { n = int(w); lab = xlab(n); set xtics add (lab n) }
+        if (words(nlist) > 0) {
+            set xrange [int(word(nlist, 1)) / 1.3 : int(word(nlist, words(nlist))) * 1.3]
+        } else {
+            set xrange [256 : 32768]
+        }
     }
     set yrange [*:*]
     load sprintf('%s/p%d.gp', dat, p)

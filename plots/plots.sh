@@ -5,7 +5,8 @@
 #
 #   sh plots/plots.sh            draw every figure, then regenerate the README's and the
 #                                lessons' tables (plots/readme_table.sh, plots/docs_tables.sh)
-#   sh plots/plots.sh --which    print the three CSV paths it would read (sweep, long, bytes)
+#   sh plots/plots.sh --which    print the four CSV paths it would read (sweep, long, bytes,
+#                                masks), one a line
 #   sh plots/plots.sh --gpu      print the GPU it reads (the file name's, see GPU below)
 #   sh plots/plots.sh --date [CSV]   print the date of a CSV's rows (default: the sweep's;
 #                                see ROWS DATE below)
@@ -17,7 +18,8 @@
 #                                naming the run its rows come from; nothing for one run
 #
 # Which GPU (never picked silently): the CSVs of one GPU are read,
-#   plots/results/<GPU>.csv (the sweep), <GPU>-long.csv and <GPU>-bytes.csv, where <GPU> is
+#   plots/results/<GPU>.csv (the sweep), <GPU>-long.csv, <GPU>-bytes.csv and <GPU>-masks.csv
+#   (any but the sweep may be missing: its figures are skipped, with a line), where <GPU> is
 #   the name plots/bench.sh gives the files (nvidia-smi's name, spaces -> '-': NVIDIA-H200).
 #   make plots GPU=NVIDIA-H200   (or GPU=NVIDIA-H200 sh plots/plots.sh) chooses it. Without
 #   GPU= the default is the committed GPU: with the CSVs of exactly one GPU under
@@ -29,6 +31,7 @@
 #   RESULTS_CSV        the sweep CSV, any path (instead of plots/results/<GPU>.csv)
 #   RESULTS_LONG_CSV   the long-context CSV (default: the sweep CSV's name + -long.csv)
 #   RESULTS_BYTES_CSV  the Nsight Compute DRAM bytes (default: the sweep CSV's name + -bytes.csv)
+#   RESULTS_MASKS_CSV  the masked runs (default: the sweep CSV's name + -masks.csv)
 #   PLOTS_DIR          where the PNGs go (default: plots)
 #   PLOTS_TERM         pngcairo or png (default: pngcairo if this gnuplot has it)
 #   PLOTS_NO_TABLES    when set and not empty: draw the figures only, leave README.md and
@@ -58,10 +61,23 @@
 #       (lines; plots/bytes_model.awk) and Q, K, V, O once (dotted); right: measured / model
 #   workspace.png      forward workspace bytes vs N, d = 128: the sweep (16384 tokens, so S
 #       grows like N) and the long-context runs (B = 1, so S grows like N^2; x: refused)
-#   long_context.png   time vs N up to 131072 (B = 1, H = 16, d = 128); where a stage stopped,
-#       on the quadratic continuation of its line: a cross if it was refused or failed
-#       (labelled with the reason), a circle if the bench skipped it because the call would
-#       pass its time cap (labelled "stopped: > 10 s a call")
+#   long_context.png   time vs N up to 1048576 (B = 1, H = 16, d = 128), one colour per stage:
+#       solid non-causal, dashed with open points causal, dotted with squares the causal
+#       sliding window (--window W, the stages with masks: its work grows as N W); where a
+#       stage stopped, on the continuation of its line (N^2, or N for a window): a cross if
+#       it was refused or failed (labelled with the reason on the non-causal lines), a circle
+#       if the bench skipped it because the call would pass its time cap (the key says
+#       "stopped: > 15 s a call"). At N = 1048576, in place of a point, 01_naive's mark: the
+#       bytes its S and P would need there (its workspace, 8 B H N^2 + L, from the B and H
+#       of its rows), which no GPU has.
+#   masks.png          the masked runs (the masks CSV: B = 2, H = 16, d = 128, N = 8192):
+#       time per call against the fraction of (query, key) pairs the mask leaves visible,
+#       forward and backward, for the stages with masked rows, the anchor torch_flex and
+#       MASKS_REF (06_fa2, dense only); a line through each one's non-causal masks (dense,
+#       then the random block masks), open points for its causal ones (dense causal, the
+#       sliding window), each mask named once; dotted: MASKS_REF's dense time x the fraction,
+#       what a block-sparse kernel at dense FA-2's speed would take. Skipped, with a line,
+#       while there is no masks CSV.
 # Every heading ends with the SOURCES line of the CSVs the figure reads.
 #
 # ROWS DATE: the CSVs have no date column. The date of a CSV's rows is the date of the last
@@ -125,7 +141,7 @@ TC_STAGES="05_tensor_cores 06_fa2 07_wgmma"
 gpus_here() {
     for f in plots/results/*.csv; do
         [ -f "$f" ] || continue
-        f=${f##*/}; f=${f%.csv}; f=${f%-long}; f=${f%-bytes}
+        f=${f##*/}; f=${f%.csv}; f=${f%-long}; f=${f%-bytes}; f=${f%-masks}
         echo "$f"
     done | sort -u
 }
@@ -153,6 +169,11 @@ elif [ ! -s "$MAIN" ]; then
 fi
 LONG=${RESULTS_LONG_CSV:-${MAIN%.csv}-long.csv}
 BYTES=${RESULTS_BYTES_CSV:-${MAIN%.csv}-bytes.csv}
+MASKS=${RESULTS_MASKS_CSV:-${MAIN%.csv}-masks.csv}
+# the dense reference of masks.png: FA-2 (its dense rows in the masks CSV)
+MASKS_REF=${MASKS_REF:-06_fa2}
+# long_context.png: the N where 01_naive's memory is marked (the bench's longest N)
+NAIVE_MARK_N=1048576
 
 # commit_of CSV: the commit that last wrote CSV (10 hex digits), empty when CSV is not
 # committed as it is (outside git, untracked, or changed since)
@@ -187,7 +208,7 @@ runs_of() {
         for (j = 1; j <= nf; j++) {
             if (f[j] ~ /^programs /) np = split(substr(f[j], 10), p, " ")
             else if (f[j] ~ /^anchors /) na = split(substr(f[j], 9), a, " ")
-            else if (f[j] ~ /^(dirs|sweep) /) cover = cover (cover == "" ? "" : "; ") f[j]
+            else if (f[j] ~ /^(dirs|sweep|masks) /) cover = cover (cover == "" ? "" : "; ") f[j]
         }
         if (np == 1 && p[1] == "none") np = 0
         if (na == 1 && a[1] == "none") na = 0
@@ -257,7 +278,7 @@ sources() {
     fi
 }
 case ${1:-} in
-    --which) printf '%s\n%s\n%s\n' "$MAIN" "$LONG" "$BYTES"; exit 0 ;;
+    --which) printf '%s\n%s\n%s\n%s\n' "$MAIN" "$LONG" "$BYTES" "$MASKS"; exit 0 ;;
     --gpu) if [ -n "$GPU" ]; then echo "$GPU"; else gpu_of "$MAIN"; fi; exit 0 ;;
     --date) rows_date "${2:-$MAIN}"; exit 0 ;;
     --sources) shift; sources "$@"; exit 0 ;;
@@ -270,6 +291,10 @@ fi
 if [ ! -s "$BYTES" ]; then
     echo "plots: no $BYTES: bytes.png skipped"
     BYTES=
+fi
+if [ ! -s "$MASKS" ]; then
+    echo "plots: no $MASKS (no masked runs measured yet): masks.png skipped"
+    MASKS=
 fi
 if ! command -v gnuplot >/dev/null 2>&1; then
     echo "plots: gnuplot not found (apt-get install gnuplot-nox)" >&2
@@ -297,23 +322,26 @@ SRC_MAIN=$(fig_sources "$(sources "$MAIN")")
 SRC_WS=$(fig_sources "$(sources "$MAIN" ${LONG:+"$LONG"})")
 [ -z "$LONG" ] || SRC_LONG=$(fig_sources "$(sources "$LONG")")
 [ -z "$BYTES" ] || SRC_BYTES=$(fig_sources "$(sources "$BYTES")")
+[ -z "$MASKS" ] || SRC_MASKS=$(fig_sources "$(sources "$MASKS")")
+MASKS_AWK=$(cat plots/masks.awk) || exit 2
 MODELS=$(cat plots/bytes_model.awk) || exit 2
-echo "plots: $MAIN${LONG:+, $LONG}${BYTES:+, $BYTES} ($GPU_NAME, rows of $DATE), $term terminal"
+echo "plots: $MAIN${LONG:+, $LONG}${BYTES:+, $BYTES}${MASKS:+, $MASKS} ($GPU_NAME, rows of $DATE), $term terminal"
 
 # Every stage gets one linetype (colour, dash, point), the same in every figure: numbered
 # stages in order, then cuBLAS, then the PyTorch anchors. DAT/lts: "stage linetype point".
-ORDER=$(awk -F, 'FNR > 1 && $2 !~ /^ceiling_/ { print $2 }' "$MAIN" ${LONG:+"$LONG"} ${BYTES:+"$BYTES"} |
+ORDER=$(awk -F, 'FNR > 1 && $2 !~ /^ceiling_/ { print $2 }' "$MAIN" ${LONG:+"$LONG"} ${BYTES:+"$BYTES"} ${MASKS:+"$MASKS"} |
     sort -u |
-    awk '{ print (/^[0-9]/ ? 0 : $0 == "cublas" ? 1 : $0 == "torch_flash" ? 2 : $0 == "torch_cudnn" ? 3 : 4), $0 }' |
+    awk '{ print (/^[0-9]/ ? 0 : $0 == "cublas" ? 1 : $0 == "torch_flash" ? 2 : $0 == "torch_cudnn" ? 3 : $0 == "torch_flex" ? 4 : 5), $0 }' |
     sort -k1,1n -k2,2 | cut -d' ' -f2 | tr '\n' ' ')
 awk -v order="$ORDER" -v lts="$DAT/lts" 'BEGIN {
-    npal = split("#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #17becf", pal, " ")
+    npal = split("#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #17becf #393b79", pal, " ")
     m = split(order, stage, " ")
     k = 0
     for (i = 1; i <= m; i++) {
         if (stage[i] == "cublas")           { st = "lc rgb \"#7f7f7f\" dt 1"; pt = 5 }
         else if (stage[i] == "torch_flash") { st = "lc rgb \"#000000\" dt 2"; pt = 9 }
         else if (stage[i] == "torch_cudnn") { st = "lc rgb \"#bcbd22\" dt 2"; pt = 11 }
+        else if (stage[i] == "torch_flex")  { st = "lc rgb \"#7570b3\" dt 2"; pt = 13 }
         else                                { st = "lc rgb \"" pal[k++ % npal + 1] "\" dt 1"; pt = 7 }
         printf "set linetype %d %s pt %d lw 2 ps 0.9\n", i, st, pt
         print stage[i], i, pt > lts
@@ -372,33 +400,45 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
             if (ceiling != "") print "ceiling", ceiling
             for (k in val) { split(k, a, SUBSEP); print a[1], a[2], val[k] }
         }' "$MAIN"
-    [ -z "$LONG" ] || awk -F, -v order="$ORDER" '
+    [ -z "$LONG" ] || awk -F, -v order="$ORDER" -v naive_n="$NAIVE_MARK_N" "$MASKS_AWK"'
         function human(b) {
             # binary units, as the workspace axis
             return b >= 2^40 ? sprintf("%.1f TiB", b / 2^40) : b >= 2^30 ? sprintf("%.1f GiB", b / 2^30) : sprintf("%.0f MiB", b / 2^20)
         }
         FNR == 1 || $2 ~ /^ceiling_/ { next }
-        { k = $3 SUBSEP $2 }
+        {
+            # the series of the row: c0 non-causal, c1 causal, c1w4096 causal with a window
+            # of 4096 (rows with a block mask are not drawn here)
+            key = mask_key($16)
+            if (key ~ /(^|; )(mask|block-mask)=/) next
+            w = mask_window(key)
+            ser = "c" $11 (w > 0 ? "w" w : "")
+            sers[ser] = 1
+            k = $3 SUBSEP $2 SUBSEP ser
+            if ($2 == "01_naive") { nb = $5; nh = $6 }
+        }
         $15 == "ok" {
-            val["long_" $3 "__" $2, $8] = $12
-            if ($3 == "forward" && $14 > 0) val["ws_long__" $2, $8] = $14
+            val["long_" $3 "_" ser "__" $2, $8] = $12
+            if (ser == "c0" && $3 == "forward" && $14 > 0) val["ws_long__" $2, $8] = $14
             if ($8 + 0 > lastn[k]) { lastn[k] = $8 + 0; lastms[k] = $12 }
             next
         }
         !(k in badn) || $8 + 0 < badn[k] { badn[k] = $8 + 0; bad[k] = $15; note[k] = $16; ws[k] = $14 }
         END {
-            # A mark where each stage stopped, on the quadratic continuation of its line
-            # (none for a stage that never ran in that direction: no backward pass, say):
-            # _s (a circle; its label goes to the key) when the bench skipped it for its time
-            # cap, _x (a cross, labelled) when it was refused or failed. A mark at the place
-            # of an earlier stage mark is drawn smaller inside it (_s2, _x2), without a label.
+            # A mark where each stage stopped, on the continuation of its line (N^2; N for a
+            # window: the work of a row is W keys), none for a stage that never ran in that
+            # direction (no backward pass, say): _s (a circle; its label goes to the key)
+            # when the bench skipped it for its time cap, _x (a cross, labelled on the
+            # non-causal lines only: the others would repeat it) when it was refused or
+            # failed. A mark at the place of an earlier stage mark is drawn smaller inside it
+            # (_s2, _x2), without a label.
             m = split(order, stage, " ")
-            for (di = 1; di <= 2; di++) for (i = 1; i <= m; i++) {
+            for (ser in sers) for (di = 1; di <= 2; di++) for (i = 1; i <= m; i++) {
                 dir = di == 1 ? "forward" : "backward"
-                k = dir SUBSEP stage[i]
+                k = dir SUBSEP stage[i] SUBSEP ser
                 if (!(k in badn) || !(k in lastn)) continue
                 n = badn[k]
-                y = lastms[k] * (n / lastn[k]) ^ 2
+                y = lastms[k] * (n / lastn[k]) ^ (ser ~ /w/ ? 1 : 2)
                 if (bad[k] == "skipped") {
                     kind = "_s"
                     if (match(note[k], /= *[0-9.]+ *s$/)) {
@@ -413,6 +453,7 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
                         c = clause[nc]; sub(/^so stage [^ ]+ /, "", c)
                         label = bad[k] ": " c
                     }
+                    if (ser != "c0") label = ""
                 }
                 gsub(/"/, "", label)
                 if (length(label) > 48) label = substr(label, 1, 45) "..."
@@ -420,10 +461,19 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
                 if (place in taken) { kind = kind "2"; label = "" }
                 taken[place] = 1
                 if (kind ~ /^_s/) { print "skipnote", label; label = "" }
-                val["long_" dir kind "__" stage[i], n] = y " \"" label "\""
-                if (dir == "forward" && bad[k] == "refused" && ws[k] > 0)
+                val["long_" dir "_" ser kind "__" stage[i], n] = y " \"" label "\""
+                if (ser == "c0" && dir == "forward" && bad[k] == "refused" && ws[k] > 0)
                     val["ws_long_x__" stage[i], n] = ws[k] " \"needs " human(ws[k]) "\""
             }
+            # 01_naive at N = naive_n: the workspace it would need there, from its formula
+            # (stages/01_naive/attention.cu workspace(): S and P in fp32, 8 B H N^2 bytes, and
+            # D, 4 B H N, in the backward; plus L, 4 B H N, as every stage) with the B and H
+            # of its rows; "naivemem forward-bytes backward-bytes N"
+            if (nb > 0) {
+                f = 8 * nb * nh * naive_n * naive_n + 4 * nb * nh * naive_n
+                printf "naivemem %.0f %.0f %d\n", f, f + 4 * nb * nh * naive_n, naive_n
+            }
+            for (ser in sers) print "series", ser
             for (k in val) { split(k, a, SUBSEP); print a[1], a[2], val[k] }
         }' "$LONG"
     # bytes: by_meas (GB measured, read + written), by_model (GB the model gives, at every
@@ -450,8 +500,56 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
             }
             for (k in val) { split(k, a, SUBSEP); print a[1], a[2], val[k] }
         }' "$BYTES"
-} | sort -k1,1 -k2,2n | awk -v dat="$DAT" '
+    # masks: for each stage drawn (MASKS_REF, torch_flex, and every stage with a masked row),
+    # mk_<dir>_line__<stage> (x the visible fraction, y ms: the non-causal masks, dense and
+    # block masks), mk_<dir>_open__<stage> (the causal ones: dense causal, windows),
+    # mk_<dir>_ideal__ref (MASKS_REF's dense ms x the fraction, at the smallest fraction and at
+    # 1), mk_<dir>_up / mk_<dir>_down (each mask's name, over its highest point or under its
+    # lowest), and mkticks (the x tics: the fractions to 2 digits, none closer than 1.3x).
+    [ -z "$MASKS" ] || awk -F, -v ref="$MASKS_REF" "$MASKS_AWK"'
+        FNR == 1 || $10 == 0 || $15 != "ok" { next }
+        {
+            key = mask_key($16); f = mask_fraction($8, $11, $16)
+            pat = $11 SUBSEP key
+            if (key != "") want[$2] = 1
+            row[++nr] = $2 SUBSEP $3 SUBSEP pat; x[nr] = f; y[nr] = $12 + 0
+            name[pat] = mask_label($11, key); up[pat] = $11 == 0 && mask_window(key) == 0
+            if ($2 == ref && key == "" && $11 == 0) dense[$3] = $12
+        }
+        END {
+            want[ref] = 1; want["torch_flex"] = 1
+            lo = 1
+            for (r = 1; r <= nr; r++) {
+                split(row[r], a, SUBSEP); s = a[1]; dir = a[2]; pat = a[3] SUBSEP a[4]
+                if (!(s in want)) continue
+                val["mk_" dir "_" (up[pat] ? "line" : "open") "__" s, x[r]] = y[r]
+                k = dir SUBSEP pat
+                if (!(k in hi) || y[r] > hi[k]) hi[k] = y[r]
+                if (!(k in lw) || y[r] < lw[k]) lw[k] = y[r]
+                at[k] = x[r]
+                if (x[r] < lo) lo = x[r]
+                t = sprintf("%.2g", x[r]) + 0; tick[t] = 1
+            }
+            for (k in hi) {
+                split(k, a, SUBSEP); pat = a[2] SUBSEP a[3]
+                if (up[pat]) val["mk_" a[1] "_up", at[k]] = hi[k] " \"" name[pat] "\""
+                else val["mk_" a[1] "_down", at[k]] = lw[k] " \"" name[pat] "\""
+            }
+            for (dir in dense) {
+                val["mk_" dir "_ideal__ref", lo] = dense[dir] * lo
+                val["mk_" dir "_ideal__ref", 1] = dense[dir]
+            }
+            nt = 0; for (t in tick) tl[++nt] = t + 0
+            for (i = 2; i <= nt; i++) for (j = i; j > 1 && tl[j - 1] > tl[j]; j--) { t = tl[j]; tl[j] = tl[j - 1]; tl[j - 1] = t }
+            last = 0
+            for (i = 1; i <= nt; i++) if (last == 0 || tl[i] >= 1.3 * last) { print "mkticks", tl[i], 0; last = tl[i] }
+            for (k in val) { split(k, a, SUBSEP); print a[1], a[2], val[k] }
+        }' "$MASKS"
+} | LC_ALL=C sort -k1,1 -k2,2n | awk -v dat="$DAT" '
     $1 == "title" { t = $0; sub(/^title /, "", t); print t > (dat "/titles"); next }
+    $1 == "naivemem" { print $2, $3, $4 > (dat "/naivemem"); next }
+    $1 == "series" { print $2 > (dat "/series"); next }
+    $1 == "mkticks" { print $2 > (dat "/mkticks"); next }
     $1 == "same" { print $2, $3, $4 > (dat "/same"); next }
     $1 == "skipnote" { t = $0; sub(/^skipnote /, "", t); if (t != "") print t > (dat "/skipnotes"); next }
     $1 == "ceiling" { print $2, $3, $4 > (dat "/ceiling"); next }
@@ -538,9 +636,11 @@ status=0
 draw() {
     filled=0 p=0
     {
-        printf 'out = "%s"\nheading = "%s"\npanels = %d\n' "$1" "$2" "$NPANELS"
+        printf 'out = "%s"\nheading = "%s"\npanels = %d\nxkind = "%s"\n' "$1" "$2" "$NPANELS" "${XKIND:-N}"
         while [ "$p" -lt "$NPANELS" ]; do
             cat "$DAT/p$p.vars"
+            # the x tics: every x of the panel's series, or the list a figure gave (p<P>.nlist)
+            [ -s "$DAT/p$p.nlist" ] && printf 'nlist%s = "%s"\n' "$p" "$(tr '\n' ' ' < "$DAT/p$p.nlist")" ||
             printf 'nlist%s = "%s"\n' "$p" "$(sort -u "$DAT/p$p.nfiles" | while read -r f; do cat "$f"; done |
                 awk '{ print $1 }' | sort -nu | tr '\n' ' ')"
             p=$((p + 1))
@@ -681,24 +781,105 @@ draw "$PLOTS_DIR/workspace.png" "forward workspace (L + scratch) at head dim 128
 
 if [ -n "$LONG" ]; then
     begin
+    # the series of the long CSV: non-causal (c0), causal (c1), then each window (c1w4096)
+    sers=$(sort -u "$DAT/series" | awk '{ print ($0 == "c0" ? 0 : $0 == "c1" ? 1 : 2), $0 }' | sort -k1,1n -k2,2 | cut -d' ' -f2)
+    # 01_naive at N = NAIVE_MARK_N: "forward-bytes backward-bytes N" (its workspace formula)
+    naive_lt=$(lt_of 01_naive)
+    naive=; [ -z "$naive_lt" ] || [ ! -s "$DAT/naivemem" ] || naive=$(cat "$DAT/naivemem")
     p=0
     for dir in forward backward; do
         panel "$p" "$dir" "time per call (ms)" "%g" 0
-        stage_lines "$p" "long_$dir"
-        for s in $ORDER; do
-            i=$(lt_of "$s")
-            marks "$p" "$DAT/long_${dir}_x__$s.dat" "$i" 2 2.5 1 && echo x >> "$DAT/has_x"
-            marks "$p" "$DAT/long_${dir}_x2__$s.dat" "$i" 2 1.5 0
-            marks "$p" "$DAT/long_${dir}_s__$s.dat" "$i" 6 2.5 0
-            marks "$p" "$DAT/long_${dir}_s2__$s.dat" "$i" 6 1.5 0
+        for ser in $sers; do
+            w=${ser#c?}; w=${w#w}
+            for s in $ORDER; do
+                i=$(lt_of "$s") pt=$(pt_of "$s")
+                # the key names each stage once (its colour) and each kind of line once
+                case $ser in
+                    c0) series "$p" "$DAT/long_${dir}_c0__$s.dat" "$i" "$s" "$((i * 10))" ;;
+                    c1) SERIES_NOKEY=1 series "$p" "$DAT/long_${dir}_c1__$s.dat" "$i" "$s causal" 0 \
+                            "linespoints lt $i dt (20,12) pt $((pt - 1))" ;;
+                    *) SERIES_NOKEY=1 series "$p" "$DAT/long_${dir}_${ser}__$s.dat" "$i" "$s window $w" 0 \
+                            "linespoints lt $i dt (3,5) pt 4 ps 1.2" ;;
+                esac
+                [ ! -s "$DAT/long_${dir}_${ser}__$s.dat" ] || echo "$s" >> "$DAT/long_drawn"
+                # where it stopped: labelled crosses on the non-causal lines only
+                big=2.5 small=1.5 lab=1
+                [ "$ser" = c0 ] || big=1.8 small=1.2 lab=0
+                marks "$p" "$DAT/long_${dir}_${ser}_x__$s.dat" "$i" 2 "$big" "$lab" && echo x >> "$DAT/has_x"
+                marks "$p" "$DAT/long_${dir}_${ser}_x2__$s.dat" "$i" 2 "$small" 0 && echo x >> "$DAT/has_x"
+                marks "$p" "$DAT/long_${dir}_${ser}_s__$s.dat" "$i" 6 "$big" 0
+                marks "$p" "$DAT/long_${dir}_${ser}_s2__$s.dat" "$i" 6 "$small" 0
+            done
         done
+        if [ -n "$naive" ]; then
+            # no point: the bytes its workspace would take, a mark and a label at the bottom
+            set -- $naive
+            [ "$dir" = forward ] && b=$1 || b=$2
+            nm=$(awk -v b="$b" -v n="$3" 'BEGIN {
+                u = b >= 2^40 ? sprintf("%.0f TiB", b / 2^40) : sprintf("%.0f GiB", b / 2^30)
+                printf "01_naive at N = %s: S and P alone would need %s", (n >= 2^20 ? n / 2^20 "M" : n), u }')
+            echo "set label 5 \"$nm\" at first $3, graph 0.06 right offset -2.4, 0 font ',9' tc lt $naive_lt point lt $naive_lt pt 3 ps 2.5 lw 2" >> "$DAT/p$p.pre"
+            echo "$3 1" > "$DAT/naive_x.dat"
+            echo "$DAT/naive_x.dat" >> "$DAT/p$p.nfiles"      # the N axis reaches it
+        fi
         p=$((p + 1))
+    done
+    # a stage drawn with no non-causal line still gets its key entry (its colour)
+    for s in $(sort -u "$DAT/long_drawn" 2>/dev/null); do
+        [ -s "$DAT/long_forward_c0__$s.dat" ] || [ -s "$DAT/long_backward_c0__$s.dat" ] ||
+            key "$(($(lt_of "$s") * 10))" "NaN with linespoints lt $(lt_of "$s") title \"$s\""
+    done
+    for ser in $sers; do
+        w=${ser#c?}; w=${w#w}
+        case $ser in
+            c0) ;;
+            c1) key 970 "NaN with linespoints lc rgb '#000000' dt (20,12) pt 6 title \"causal (dashed, open points)\"" ;;
+            c1*) key 971 "NaN with linespoints lc rgb '#000000' dt (3,5) pt 4 ps 1.2 title \"causal, window $w (dotted)\"" ;;
+            *) key 971 "NaN with linespoints lc rgb '#000000' dt (3,5) pt 4 ps 1.2 title \"window $w (dotted)\"" ;;
+        esac
     done
     [ ! -s "$DAT/has_x" ] || key 980 "NaN with points lc rgb '#000000' pt 2 ps 2 lw 2 title \"refused or failed (labelled)\""
     sort -u "$DAT/skipnotes" | while read -r t; do
         key 981 "NaN with points lc rgb '#000000' pt 6 ps 2 lw 2 title \"$t\""
     done
-    draw "$PLOTS_DIR/long_context.png" "long context: B = 1, H = 16, head dim 128, non-causal, bf16; where a stage stopped (on the N^2 continuation of its line):\nx refused or failed, o not run: the bench's prediction of the call passed its time cap\n$SRC_LONG"
+    # the heading says which series there are (non-causal alone: as it read before them)
+    case " $(echo $sers) " in
+        " c0 ") head="long context: B = 1, H = 16, head dim 128, non-causal, bf16; where a stage stopped (on the N^2 continuation of its line):" ;;
+        *) how="solid non-causal"
+           case " $(echo $sers) " in *" c1 "*) how="$how, dashed causal (open points)" ;; esac
+           case " $(echo $sers) " in *" c"[01]w*) how="$how, dotted a sliding window (squares)" ;; esac
+           head="long context: B = 1, H = 16, head dim 128, bf16: $how;\nwhere a stage stopped, on the continuation of its line (N^2; N for a window):" ;;
+    esac
+    draw "$PLOTS_DIR/long_context.png" "$head\nx refused or failed, o not run: the bench's prediction of the call passed its time cap\n$SRC_LONG"
+fi
+# masks.png: time per call against the visible fraction of the pairs (see the top)
+if [ -n "$MASKS" ]; then
+    begin
+    p=0
+    for dir in forward backward; do
+        panel "$p" "$dir" "time per call (ms)" "%g" 0
+        for s in $ORDER; do
+            i=$(lt_of "$s") pt=$(pt_of "$s")
+            series "$p" "$DAT/mk_${dir}_line__$s.dat" "$i" "$s" "$((i * 10))"
+            if points "$p" "$DAT/mk_${dir}_open__$s.dat" "points lt $i pt $((pt - 1)) ps 1.6 lw 2"; then
+                [ -s "$DAT/mk_${dir}_line__$s.dat" ] || key "$((i * 10))" "NaN with linespoints lt $i title \"$s\""
+                key 970 "NaN with points lc rgb '#000000' pt 6 ps 1.6 lw 2 title \"causal masks (open points)\""
+            fi
+        done
+        if points "$p" "$DAT/mk_${dir}_ideal__ref.dat" "lines dt 3 lw 1.5 lc rgb '#666666'"; then
+            key 990 "NaN with lines dt 3 lw 1.5 lc rgb '#666666' title \"$MASKS_REF dense time x the fraction\""
+        fi
+        for ud in up down; do
+            f=$DAT/mk_${dir}_$ud.dat
+            [ -s "$f" ] || continue
+            [ "$ud" = up ] && off="0, 1.2" || off="0, -1.2"
+            echo "'$f' using 1:2:3 with labels center offset $off font ',9' tc rgb '#444444' notitle" >> "$DAT/p$p.items"
+        done
+        [ ! -s "$DAT/mkticks" ] || cp "$DAT/mkticks" "$DAT/p$p.nlist"
+        p=$((p + 1))
+    done
+    mshape=$(awk -F, 'NR > 1 && $10 > 0 { printf "B = %s, H = %s, head dim %s, N = %s, %s", $5, $6, $10, $8, $4; exit }' "$MASKS")
+    XKIND=fraction draw "$PLOTS_DIR/masks.png" "block-sparse masks: time per call against the fraction of (query, key) pairs the mask leaves visible; $mshape\nlines: the non-causal masks (dense, random block masks), open points: the causal ones (dense causal, sliding window);\ndotted: $MASKS_REF's dense time x the fraction (a block-sparse kernel at dense FA-2's speed on the visible pairs)\n$SRC_MASKS"
 fi
 # stage 8's timeline, from the traces of this GPU (plots/timeline.sh; no trace: no figure)
 traces=$(ls plots/results/trace/"$(basename "$MAIN" .csv)"-*.csv 2>/dev/null)

@@ -15,7 +15,7 @@
 # non-causal (TFLOP/s over the ceiling_gemm row's: a bf16 8192^3 GEMM through torch.matmul,
 # timed in the same bench run; the column is left out, and the caption says so, when the
 # sweep CSV has no ok ceiling_gemm row); the workspace (L + scratch) forward / backward; the
-# longest N that ran in the long-context runs (B = 1, H = 16, d = 128); and the TFLOP/s
+# longest N that ran in the long-context runs (B = 1, H = 16, d = 128, non-causal); and the TFLOP/s
 # ratio to PyTorch's FLASH backend (FA-2) on the same shape. The caption names the GPU, the
 # CSVs and the date of their rows, and says whether they are one make bench run
 # (plots/plots.sh --sources: SOURCES in plots/plots.sh). When the sweep CSV holds rows of
@@ -127,8 +127,10 @@ table() {
             return (x >= 10 ? sprintf("%.0f", x) : x >= 1 ? sprintf("%.1f", x) : sprintf("%.2f", x)) "%"
         }
         FNR == 1 || $2 ~ /^ceiling_/ { next }
-        FILENAME != main {                     # the long-context CSV
-            if ($15 == "ok" && $8 + 0 > maxn[$2, $3]) maxn[$2, $3] = $8 + 0
+        FILENAME != main {                     # the long-context CSV: its non-causal rows
+            # (the causal and the sliding-window series, whose notes start "window=", reach
+            # further: they are not this column)
+            if ($15 == "ok" && $11 == 0 && $16 !~ /^(window|mask|block-mask)=/ && $8 + 0 > maxn[$2, $3]) maxn[$2, $3] = $8 + 0
             next
         }
         $10 == d && $8 == n {
