@@ -15,7 +15,19 @@
 #                      OTHER is any stage of the CSV (02_fused, cublas, torch_flash, ...)
 #   STAGE ms           the same table in milliseconds per call (median)
 #   STAGE workspace    workspace bytes (L + the stage's scratch) forward and backward vs N, d = 128
-#   STAGE long         the long-context runs (B = 1, H = 16, d = 128): status, ms, TFLOP/s, workspace
+#   STAGE long         the long-context runs (B = 1, H = 16, d = 128), non-causal: status, ms,
+#                      TFLOP/s, workspace per N
+#   STAGE long causal  the same of its causal runs
+#   STAGE long window  the same of its sliding-window runs (--window W, causal: a table per W;
+#                      TFLOP/s of the visible pairs); without such rows, one line says there
+#                      are no measurements yet (as for "long causal")
+#   STAGE masks        the masked runs (the masks CSV: B = 2, H = 16, d = 128, N = 8192), one
+#                      row per mask (dense, dense causal, the block masks from the densest down,
+#                      the windows) and direction: the fraction of (query, key) pairs visible,
+#                      ms, TFLOP/s of the visible pairs, the ratio to MASKS_REF's (06_fa2) dense
+#                      non-causal TFLOP/s in the same direction, and to torch_flex's on the same
+#                      mask (FlexAttention on the identical block mask); without a masks CSV,
+#                      one line says there are no measurements yet
 #   STAGE io           forward, d = 128, non-causal, the sweep's N: measured ms next to the
 #                      modelled bytes (Q, K, V, O, L once; the stage's traffic beyond that; the
 #                      total) and modelled bytes / measured time; "-" for a stage without a model
@@ -41,7 +53,8 @@
 # when the CSV holds several runs and the stage's rows are not from the copy's; nothing else
 # reads them.
 # A stage renamed since a lesson was written (05_fa2, now 06_fa2) is read under its new
-# name, with a note on stderr.
+# name, with a note on stderr. Which mask a row of the long or the masks CSV was measured with
+# is read from its note (plots/masks.awk).
 set -u
 HERE=$(pwd)   # FILE arguments are relative to where the script was called from
 cd "$(dirname "$0")/.." || exit 2
@@ -52,16 +65,26 @@ csvs=$(sh plots/plots.sh --which) || exit 2
 MAIN=$(echo "$csvs" | sed -n 1p)
 LONG=$(echo "$csvs" | sed -n 2p)
 BYTES=$(echo "$csvs" | sed -n 3p)
+MASKS=$(echo "$csvs" | sed -n 4p)
+MASKS_PATH=$MASKS   # named in the line that says there are no masked runs yet
 [ -s "$LONG" ] || LONG=/dev/null
 [ -s "$BYTES" ] || BYTES=/dev/null
+[ -s "$MASKS" ] || MASKS=/dev/null
 # the caption line of each CSV's tables: GPU, file, date of the rows, the run
 SRC_MAIN=$(sh plots/plots.sh --sources --md "$MAIN") || exit 2
 SRC_LONG= SRC_BYTES=
 [ "$LONG" = /dev/null ] || SRC_LONG=$(sh plots/plots.sh --sources --md "$LONG") || exit 2
 [ "$BYTES" = /dev/null ] || SRC_BYTES=$(sh plots/plots.sh --sources --md "$BYTES") || exit 2
-# with rows of several runs in the sweep CSV: which run each stage's rows come from
+SRC_MASKS= MRUNS=
+[ "$MASKS" = /dev/null ] || SRC_MASKS=$(sh plots/plots.sh --sources --md "$MASKS") || exit 2
+# with rows of several runs in the sweep CSV: which run each stage's rows come from (and the
+# same for the masks CSV)
 RUNS=$(sh plots/plots.sh --runs "$MAIN") || exit 2
+[ "$MASKS" = /dev/null ] || MRUNS=$(sh plots/plots.sh --runs "$MASKS") || exit 2
 MODELS=$(cat plots/bytes_model.awk) || exit 2
+MODELS="$MODELS
+$(cat plots/masks.awk)" || exit 2
+MASKS_REF=${MASKS_REF:-06_fa2}
 # Stages renamed since the lessons' markers were written: old=new, space-separated.
 RENAMED="05_fa2=06_fa2"
 
@@ -71,7 +94,8 @@ gen() {
     awk -F, -v main="$MAIN" -v long="$LONG" -v bytesf="$BYTES" -v bm="$BEGIN_MARK" \
         -v em="$END_MARK" -v print_only="${PRINT_ONLY:-0}" -v renamed="$RENAMED" \
         -v label="${LABEL:-$1}" -v src_main="$SRC_MAIN" -v src_long="$SRC_LONG" \
-        -v src_bytes="$SRC_BYTES" -v runs="$RUNS" "$MODELS"'
+        -v src_bytes="$SRC_BYTES" -v runs="$RUNS" -v masksf="$MASKS" -v masks_path="$MASKS_PATH" \
+        -v src_masks="$SRC_MASKS" -v mruns="$MRUNS" -v mref="$MASKS_REF" "$MODELS"'
         # 3 significant digits, no exponent: 0.903, 30.1, 335, 1234
         function sig3(x,   r, e) {
             if (x == 0) return "0"
@@ -168,14 +192,15 @@ gen() {
             out("")
             out(source("workspace of " s " (bytes the harness allocated beyond Q, K, V, O and dO, dQ, dK, dV: L + the stage scratch), bf16, head dim 128, non-causal, H = 16"))
         }
-        function table_long(s,   i, n, k, line, di, dir, any) {
+        # ser: the series, c0 (non-causal), c1 (causal), c1w4096 (causal, a window of 4096)
+        function table_long(s, ser,   i, n, k, line, di, dir, any, w, what) {
             out(""); out("| N | forward ms | forward TFLOP/s | forward workspace | backward ms | backward TFLOP/s | backward workspace |")
             out("|--:|--:|--:|--:|--:|--:|--:|")
-            for (i = 1; i <= nl; i++) {
-                n = nsl[i]; line = "| " n " |"
+            for (i = 1; i <= nl[ser]; i++) {
+                n = nsl[ser, i]; line = "| " n " |"
                 for (di = 1; di <= 2; di++) {
                     dir = di == 1 ? "forward" : "backward"
-                    k = s SUBSEP dir SUBSEP n
+                    k = s SUBSEP dir SUBSEP n SUBSEP ser
                     if (!(k in lst)) line = line " - | - | - |"
                     else if (lst[k] != "ok")
                         line = line " " lst[k] " | - | " (lws[k] > 0 ? "needs " bytes(lws[k]) : "-") " |"
@@ -184,7 +209,72 @@ gen() {
                 out(line)
             }
             out("")
-            out("*long context of " s ": B = 1, H = 16, head dim 128, non-causal, bf16; " src_long "; generated by `plots/docs_tables.sh`; do not edit.*")
+            w = ser; sub(/^c[01]w?/, "", w)
+            what = ser == "c0" ? "non-causal" : ser == "c1" ? "causal" : (ser ~ /^c1/ ? "causal, " : "") "a sliding window of " w " keys (TFLOP/s of the visible pairs)"
+            out("*long context of " s ": B = 1, H = 16, head dim 128, " what ", bf16; " src_long "; generated by `plots/docs_tables.sh`; do not edit.*")
+        }
+        # STAGE long causal, STAGE long window: the series of s that match re (every window:
+        # a table each), or one line when there is none
+        function table_long_series(s, re, what,   ser, n, i, j, x, l) {
+            n = 0
+            for (ser in lsers) if (ser ~ re && (s, ser) in lhas) l[++n] = ser
+            for (i = 2; i <= n; i++) for (j = i; j > 1 && l[j - 1] > l[j]; j--) { x = l[j]; l[j] = l[j - 1]; l[j - 1] = x }
+            if (n == 0) {
+                out(""); out("*No " what " long-context rows of " s " in `" (long == "/dev/null" ? "the long-context CSV" : long) "` yet: `STAGES=\"" s "\" SWEEP=0 MASKS=0 sh plots/bench.sh` on a GPU measures them; generated by `plots/docs_tables.sh`; do not edit.*")
+                return
+            }
+            for (i = 1; i <= n; i++) table_long(s, l[i])
+        }
+        # the masks CSV of several runs (plots/plots.sh --runs): the run the rows of each of
+        # the stages (space-separated) come from, "; all from the run of D" or "; S from the
+        # run of D1, T from the run of D2"; "" for one run, or where the .runs lines cannot tell
+        function mruns_clause(stages,   i, n, ln, f, r, d, w, st, ns, one, c) {
+            n = split(mruns, ln, "\n")
+            for (i = 1; i <= n; i++) if (split(ln[i], f, "\t") == 4) { r[f[1]] = f[2]; d[f[1]] = f[3]; w[f[1]] = f[4] }
+            ns = split(stages, st, " ")
+            one = 1
+            for (i = 1; i <= ns; i++) {
+                if (!(st[i] in r) || !w[st[i]]) return ""
+                if (r[st[i]] != r[st[1]]) one = 0
+            }
+            if (one) return "; " (ns > 1 ? "all" : st[1]) " from the run of " d[st[1]]
+            c = ""
+            for (i = 1; i <= ns; i++) c = c (i > 1 ? ", " : "; ") st[i] " from the run of " d[st[i]]
+            return c
+        }
+        # STAGE masks: one row per mask and direction of the masks CSV
+        function table_masks(s,   i, j, n, x, l, pat, di, dir, k, r, f, line, refk, fk, cnt) {
+            if (masksf == "/dev/null") {
+                out(""); out("*No masked runs measured yet: `" masks_path "` does not exist (`STAGES=\"06_fa2 09_block_sparse torch_flex\" SWEEP=0 LONG=0 sh plots/bench.sh` on a GPU measures them); generated by `plots/docs_tables.sh`; do not edit.*")
+                return
+            }
+            if (!(s in mseen)) { fail("stage " s " has no rows in " masksf); return }
+            n = 0
+            for (pat in mpat) l[++n] = pat
+            for (i = 2; i <= n; i++) for (j = i; j > 1 && mrank[l[j - 1]] > mrank[l[j]]; j--) { x = l[j]; l[j] = l[j - 1]; l[j - 1] = x }
+            out(""); out("| mask | direction | visible fraction | ms | TFLOP/s | vs dense " mref " | vs torch_flex |")
+            out("|---|---|--:|--:|--:|--:|--:|")
+            for (i = 1; i <= n; i++) {
+                pat = l[i]
+                for (di = 1; di <= 2; di++) {
+                    dir = di == 1 ? "forward" : "backward"
+                    k = s SUBSEP dir SUBSEP pat
+                    if (!(k in mst)) continue
+                    refk = mref SUBSEP dir SUBSEP "0" SUBSEP ""
+                    fk = "torch_flex" SUBSEP dir SUBSEP pat
+                    f = (k in mfrac) ? mfrac[k] : mpfrac[pat]
+                    line = "| " mname[pat] " | " dir " | " (f != "" ? sig3(f) : "-") " | "
+                    if (mst[k] != "ok") line = line mst[k] " | - | - | - |"
+                    else {
+                        line = line sig3(mms[k]) " | " sig3(mtf[k]) " | "
+                        line = line (mst[refk] == "ok" && mtf[refk] > 0 ? sig3(mtf[k] / mtf[refk]) "×" : "-") " | "
+                        line = line (mst[fk] == "ok" && mtf[fk] > 0 ? sig3(mtf[k] / mtf[fk]) "×" : "-") " |"
+                    }
+                    out(line); cnt++
+                }
+            }
+            out("")
+            out("*" s " on masks: " mshape "; visible fraction: of the (query, key) pairs, the ones the TFLOP/s count (4 d FLOP each, 2.5 times that backward); vs dense " mref ": TFLOP/s over " mref "'"'"'s dense non-causal TFLOP/s in the same direction; vs torch_flex: over FlexAttention'"'"'s TFLOP/s on the identical mask (so its time over " s "'"'"'s); " src_masks mruns_clause(s (s != mref ? " " mref : "") (s != "torch_flex" ? " torch_flex" : "")) "; generated by `plots/docs_tables.sh`; do not edit.*")
         }
         # GB (10^9 bytes), 3 significant digits
         function gb(x) { return sig3(x / 1e9) " GB" }
@@ -286,6 +376,10 @@ gen() {
                 if (!(w[1] in bseen)) { fail("stage " w[1] " has no rows in the bytes CSV (" bytesf ")"); return }
                 table_bytes(w[1]); return
             }
+            # the long series and the masks: one line, no failure, while nothing is measured
+            if (nw == 3 && w[2] == "long" && w[3] == "causal") { table_long_series(w[1], "^c1$", "causal"); return }
+            if (nw == 3 && w[2] == "long" && w[3] == "window") { table_long_series(w[1], "w", "sliding-window"); return }
+            if (nw == 2 && w[2] == "masks") { table_masks(w[1]); return }
             if (!(w[1] in seen)) { fail("stage " w[1] " has no rows in " main); return }
             if (nw == 1) table_tflops(w[1], "", "tflops")
             else if (nw == 3 && w[2] == "vs") {
@@ -295,9 +389,9 @@ gen() {
             }
             else if (nw == 2 && w[2] == "ms") table_tflops(w[1], "", "ms")
             else if (nw == 2 && w[2] == "workspace") table_workspace(w[1])
-            else if (nw == 2 && w[2] == "long") table_long(w[1])
+            else if (nw == 2 && w[2] == "long") table_long(w[1], "c0")
             else if (nw == 2 && w[2] == "io") table_io(w[1])
-            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE io, STAGE bytes, bytes)")
+            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE bytes, bytes)")
         }
         # the bytes CSV: gpu,stage,direction,dtype,B,H,N,d,causal,kernels,dram_read_bytes,
         # dram_write_bytes,status,note; forward, non-causal rows (the last row of a shape wins)
@@ -310,6 +404,19 @@ gen() {
             if (!($7 in nbseen)) { nbseen[$7] = 1; nsb[++nb] = $7 + 0 }
             next
         }
+        # the masks CSV: per stage, direction and mask (causal and the note'"'"'s mask key)
+        FILENAME == masksf {
+            if (FNR == 1 || $10 == 0) next
+            key = mask_key($16); pat = $11 SUBSEP key
+            k = $2 SUBSEP $3 SUBSEP pat
+            mst[k] = $15; mms[k] = $12; mtf[k] = $13; mseen[$2] = 1
+            mpat[pat] = 1; mname[pat] = mask_label($11, key)
+            mfrac[k] = mask_fraction($8, $11, $16)
+            if (!(pat in mpfrac) || mask_density($16) != "") mpfrac[pat] = mfrac[k]
+            mrank[pat] = mask_rank($11, key, mpfrac[pat])
+            if (mshape == "") mshape = "B = " $5 ", H = " $6 ", head dim " $10 ", N = " $8 ", " $4
+            next
+        }
         FILENAME == main || FILENAME == long {
             if (FILENAME == main && $2 == "ceiling_copy") {
                 # GB/s = (bytes read + written) / time: the bytes from the note (anchors.py)
@@ -319,9 +426,15 @@ gen() {
             }
             if (FNR == 1 || $2 ~ /^ceiling_/ || $4 != "bf16") next   # the protocol is bf16
             if (FILENAME == long) {
-                k = $2 SUBSEP $3 SUBSEP $8
+                # its series: c0 non-causal, c1 causal, c1w4096 causal with a window of 4096
+                # (a block-masked row is no series of the long context)
+                key = mask_key($16)
+                if (key ~ /(^|; )(mask|block-mask)=/) next
+                ser = "c" $11 (mask_window(key) > 0 ? "w" mask_window(key) : "")
+                k = $2 SUBSEP $3 SUBSEP $8 SUBSEP ser
                 lst[k] = $15; lms[k] = $12; ltf[k] = $13; lws[k] = $14
-                if (!($8 in lseen)) { lseen[$8] = 1; nsl[++nl] = $8 + 0 }
+                lsers[ser] = 1; lhas[$2, ser] = 1
+                if (!((ser, $8) in lseen)) { lseen[ser, $8] = 1; nsl[ser, ++nl[ser]] = $8 + 0 }
                 next
             }
             k = $2 SUBSEP $3 SUBSEP $10 SUBSEP $11 SUBSEP $8   # the last row of a shape wins
@@ -335,7 +448,8 @@ gen() {
         FNR == 1 {
             # sort the N values once, the sweep and the long runs (insertion sort, a few items)
             for (i = 2; i <= nn; i++) for (j = i; j > 1 && ns[j - 1] > ns[j]; j--) { x = ns[j]; ns[j] = ns[j - 1]; ns[j - 1] = x }
-            for (i = 2; i <= nl; i++) for (j = i; j > 1 && nsl[j - 1] > nsl[j]; j--) { x = nsl[j]; nsl[j] = nsl[j - 1]; nsl[j - 1] = x }
+            for (ser in lsers)
+                for (i = 2; i <= nl[ser]; i++) for (j = i; j > 1 && nsl[ser, j - 1] > nsl[ser, j]; j--) { x = nsl[ser, j]; nsl[ser, j] = nsl[ser, j - 1]; nsl[ser, j - 1] = x }
             for (i = 2; i <= nb; i++) for (j = i; j > 1 && nsb[j - 1] > nsb[j]; j--) { x = nsb[j]; nsb[j] = nsb[j - 1]; nsb[j - 1] = x }
         }
         inside && index($0, em) == 1 { inside = 0; if (!print_only) print; next }
@@ -352,7 +466,7 @@ gen() {
         END {
             if (inside) { printf "docs_tables: %s: the block opened on line %d has no %s\n", label, opened, em > "/dev/stderr"; bad = 1 }
             exit bad ? 2 : 0
-        }' "$BYTES" "$MAIN" "$LONG" "$1"
+        }' "$BYTES" "$MAIN" "$LONG" "$MASKS" "$1"
 }
 
 TMP=$(mktemp "${TMPDIR:-/tmp}/docs_tables.XXXXXX") || exit 2
