@@ -12,7 +12,8 @@
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
 #   make profile STAGE=n [ARGS="..."]   plots/profile.sh: Nsight Compute's time, DRAM bytes,
 #                         occupancy, tensor pipe and stall reasons of stage n, one table (GPU)
-#   make diff STAGE=n     what stage n changes relative to stage n-1
+#   make diff STAGE=n     what stage n changes relative to its parent (the stage its header
+#                         names after "Changed from"; stage n-1 if it names none)
 #   make deps             Criterion (tests) and gnuplot (plots); deps-local: Criterion into .deps/
 #   make clean
 #
@@ -188,13 +189,16 @@ plots: deps-plot
 	PATH=$(CURDIR)/.deps/usr/bin:$$PATH GPU='$(GPU)' \
 	LD_LIBRARY_PATH=$(DEPS_LD_PATH)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} sh plots/plots.sh
 
-# ---- the lesson of stage n: its diff against stage n-1 ---------------------------------
+# ---- the lesson of stage n: its diff against its parent ----------------------------------
 diff:
 	@[ -n "$(STAGE)" ] || { echo "usage: make diff STAGE=n   (n >= 2)"; exit 2; }; \
-	n=$$((10#$(STAGE))); prev=$$(printf %02d $$((n - 1))); cur=$$(printf %02d $$n); \
-	a=$$(ls -d $(STAGES_DIR)/$${prev}_*/attention.cu 2>/dev/null | head -1); \
+	n=$$((10#$(STAGE))); cur=$$(printf %02d $$n); \
 	b=$$(ls -d $(STAGES_DIR)/$${cur}_*/attention.cu 2>/dev/null | head -1); \
-	[ -n "$$a" ] && [ -n "$$b" ] || { echo "no stages $$prev and $$cur under $(STAGES_DIR)/"; exit 2; }; \
+	[ -n "$$b" ] || { echo "no stage $$cur under $(STAGES_DIR)/"; exit 2; }; \
+	prev=$$(sed -n '1,12s/.*Changed from \([0-9][0-9]_[a-z0-9_]*\).*/\1/p' $$b | head -1); \
+	[ -n "$$prev" ] || prev=$$(printf %02d $$((n - 1)))_; \
+	a=$$(ls -d $(STAGES_DIR)/$${prev}*/attention.cu 2>/dev/null | head -1); \
+	[ -n "$$a" ] || { echo "no parent stage $$prev of $$cur under $(STAGES_DIR)/"; exit 2; }; \
 	diff -u $$a $$b; [ $$? -le 1 ]
 
 clean:

@@ -7,6 +7,7 @@
  * to draw another set). */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,8 +294,8 @@ Test(gpu, program_sampled_check, .timeout = 300)
     }
 }
 
-/* No stage of the ladder has masks yet: every one refuses a sliding window with the reason,
- * forward and backward, instead of computing dense attention for it. */
+/* A stage without masks refuses a sliding window with the reason, forward and backward,
+ * instead of computing dense attention for it. */
 Test(gpu, dense_stages_refuse_a_window, .timeout = 120)
 {
     need_gpu();
@@ -439,4 +440,197 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
     cr_assert(strstr(info.why, "unknown switch 'fast'") != NULL, "refusal without the reason: %s", info.why);
     cr_assert_eq(failures, 0, "08_fa3: %d switch runs failed", failures);
     cr_assert(ran > 0, "08_fa3 ran nothing");
+}
+
+/* ---- masks: the stages that run them (descriptor masks = 1) -------------------------------- */
+
+/* The stages with masks, in ladder order; their number. */
+static int masked_stages(const attn_stage **out, int max)
+{
+    int n = 0;
+    for (int i = 0; i < attn_nstages && n < max; i++)
+        if (attn_stages[i]->masks) out[n++] = attn_stages[i];
+    return n;
+}
+
+/* Host tensors of p with fresh inputs from seed and, when spec is given, the block mask it
+ * names (attn_mask_generate: sets t->p's mask fields). */
+static void masked_inputs(attn_host *t, const attn_problem *p, const char *spec, uint64_t seed)
+{
+    char err[ATTN_MSG_LEN];
+    cr_assert_eq(attn_host_alloc(t, p, 1), 0);
+    attn_host_fill(t, seed, ATTN_INPUT_NORMAL);
+    if (spec) cr_assert_eq(attn_mask_generate(&t->p, &t->block_mask, spec, seed, err), 0, "%s", err);
+}
+
+/* Run st on a copy of in (inputs and mask), direction dir, into *t; the run's status. */
+static attn_run_status run_copy(const attn_stage *st, const attn_host *in, attn_dir dir, attn_host *t,
+                                attn_run_info *info)
+{
+    cr_assert_eq(attn_host_alloc(t, &in->p, 1), 0);
+    copy_inputs(t, in);
+    if (in->block_mask) {
+        t->block_mask = malloc(attn_mask_bytes(&in->p));
+        cr_assert(t->block_mask != NULL);
+        memcpy(t->block_mask, in->block_mask, attn_mask_bytes(&in->p));
+    }
+    attn_run_opts opts = { 0, 1 };
+    return attn_run(st, t, dir, &opts, info);
+}
+
+typedef struct {
+    int B, H, H_kv, N_q, N_k, d, causal, window, fp16, deterministic;
+    const char *mask;   /* attn_mask_generate's pattern, or NULL */
+} mcase;
+
+/* Every kind of mask at odd shapes, forward and backward, against the float64 oracle (which
+ * masks element by element). Rows that see nothing: a window without causal where N_q > N_k
+ * (rows from N_k + W - 1 on, which begin inside a tile), and an all-zero mask. */
+Test(gpu, masks_against_oracle, .timeout = 600)
+{
+    need_gpu();
+    const attn_stage *st[8];
+    const int ns = masked_stages(st, 8);
+    if (!ns) cr_skip_test("no stage with masks built");
+    static const mcase cases[] = {
+        { 2, 2, 2, 1000, 1000, 64, 1, 100, 0, 0, NULL },            /* causal sliding window */
+        { 2, 2, 1, 255, 255, 128, 0, 50, 1, 0, NULL },              /* two-sided window, fp16, MQA */
+        { 1, 2, 2, 300, 100, 64, 0, 50, 0, 0, NULL },               /* rows 149.. see nothing */
+        { 1, 4, 2, 1000, 1000, 128, 0, 0, 0, 0, "random:0.3" },     /* per-head random, GQA */
+        { 2, 2, 2, 700, 1000, 64, 1, 0, 0, 0, "local:256,global:128" },
+        { 1, 2, 2, 1500, 1500, 64, 0, 0, 1, 0, "strided:3" },
+        { 1, 4, 2, 1000, 1000, 64, 1, 200, 0, 0, "random:0.5" },    /* window AND mask */
+        { 1, 2, 2, 1000, 1000, 128, 1, 300, 0, 1, "random:0.6" },   /* deterministic dQ */
+        { 1, 2, 1, 17, 1000, 128, 0, 0, 0, 0, "local:128" },
+        { 1, 2, 2, 300, 300, 64, 0, 0, 0, 0, "random:0.001" },      /* (almost) all zero */
+    };
+    int failures = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const mcase *mc = &cases[k];
+        attn_problem p = test_problem(mc->B, mc->H, mc->H_kv, mc->N_q, mc->N_k, mc->d, mc->causal);
+        p.window = mc->window;
+        p.dtype = mc->fp16 ? ATTN_FP16 : ATTN_BF16;
+        p.deterministic = mc->deterministic;
+        attn_host in;
+        masked_inputs(&in, &p, mc->mask, test_seed(4000 + k));
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
+        for (int si = 0; si < ns; si++)
+            for (int dir = 0; dir <= 1; dir++) {
+                attn_host t;
+                attn_run_info info;
+                const attn_run_status rs = run_copy(st[si], &in, (attn_dir)dir, &t, &info);
+                char shape[256];
+                attn_problem_str(&in.p, st[si]->name, (attn_dir)dir, shape, sizeof shape);
+                if (rs != ATTN_RUN_OK) {
+                    fprintf(stderr, "%s mask %s: %s\n", shape, mc->mask ? mc->mask : "-", info.why);
+                    failures++;
+                } else {
+                    attn_cmp c[5];
+                    int nc;
+                    if (attn_compare_all(c, &nc, &t, (attn_dir)dir, &r, NULL)) {
+                        char what[512];
+                        snprintf(what, sizeof what, "%s mask %s: FAIL against the oracle", shape,
+                                 mc->mask ? mc->mask : "-");
+                        print_cmp(what, c, nc);
+                        failures++;
+                    }
+                }
+                attn_host_free(&t);
+            }
+        attn_ref_free(&r);
+        attn_host_free(&in);
+    }
+    cr_assert_eq(failures, 0, "%d masked runs failed", failures);
+}
+
+/* An all-zero mask: every row sees nothing, so O = 0 and L = -inf exactly, and the gradients are
+ * 0, whatever the inputs. */
+Test(gpu, all_zero_mask, .timeout = 120)
+{
+    need_gpu();
+    const attn_stage *st[8];
+    const int ns = masked_stages(st, 8);
+    if (!ns) cr_skip_test("no stage with masks built");
+    attn_problem p = test_problem(2, 2, 2, 300, 300, 64, 0);
+    for (int si = 0; si < ns; si++) {
+        attn_host in, t;
+        masked_inputs(&in, &p, "random:0.5", test_seed(4100));
+        memset(in.block_mask, 0, attn_mask_bytes(&in.p));
+        attn_run_info info;
+        cr_assert_eq(run_copy(st[si], &in, ATTN_BACKWARD, &t, &info), ATTN_RUN_OK, "%s", info.why);
+        for (size_t e = 0; e < attn_numel_q(&p); e++) {
+            cr_assert_eq(attn_to_f32(t.o[e], p.dtype), 0.0f, "%s: O[%zu] = %g", st[si]->name, e,
+                         attn_to_f32(t.o[e], p.dtype));
+            cr_assert_eq(attn_to_f32(t.dq[e], p.dtype), 0.0f, "%s: dQ[%zu]", st[si]->name, e);
+        }
+        for (size_t e = 0; e < attn_numel_lse(&p); e++)
+            cr_assert(t.lse[e] == -INFINITY, "%s: L[%zu] = %g", st[si]->name, e, t.lse[e]);
+        for (size_t e = 0; e < attn_numel_kv(&p); e++)
+            cr_assert(attn_to_f32(t.dk[e], p.dtype) == 0.0f && attn_to_f32(t.dv[e], p.dtype) == 0.0f,
+                      "%s: dK or dV[%zu] not 0", st[si]->name, e);
+        attn_host_free(&t);
+        attn_host_free(&in);
+    }
+}
+
+/* A mask of all ones, and a window as wide as the sequence, change nothing: the results are
+ * bitwise those of the same stage without them (the lists visit every tile, in order), and
+ * (deterministic dQ) the backward's bits repeat; and they agree with 06_fa2, the dense stage the
+ * block-sparse one is made from, to the rounding of two correct kernels. */
+Test(gpu, all_ones_mask_is_dense, .timeout = 300)
+{
+    need_gpu();
+    const attn_stage *st[8], *dense = NULL;
+    const int ns = masked_stages(st, 8);
+    if (!ns) cr_skip_test("no stage with masks built");
+    for (int i = 0; i < attn_nstages; i++)
+        if (!strcmp(attn_stages[i]->name, "06_fa2")) dense = attn_stages[i];
+    static const struct { int H, H_kv, N, d, causal; } shapes[] = {
+        { 4, 2, 1000, 128, 1 }, { 2, 2, 255, 64, 0 }, { 2, 1, 4097, 64, 1 } };
+    for (int si = 0; si < ns; si++)
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+            for (int how = 0; how < 2; how++) {   /* all-ones mask, full-width window */
+                attn_problem p = test_problem(1, shapes[k].H, shapes[k].H_kv, shapes[k].N, shapes[k].N,
+                                              shapes[k].d, shapes[k].causal);
+                p.deterministic = 1;
+                attn_host in, plain, masked;
+                masked_inputs(&in, &p, NULL, test_seed(4200 + k));
+                attn_run_info info;
+                cr_assert_eq(run_copy(st[si], &in, ATTN_BACKWARD, &plain, &info), ATTN_RUN_OK, "%s", info.why);
+                if (how == 0) {
+                    char err[ATTN_MSG_LEN];
+                    cr_assert_eq(attn_mask_generate(&in.p, &in.block_mask, "random:1", 1, err), 0, "%s", err);
+                } else {
+                    in.p.window = shapes[k].N;
+                }
+                cr_assert_eq(run_copy(st[si], &in, ATTN_BACKWARD, &masked, &info), ATTN_RUN_OK, "%s", info.why);
+                const char *what = how == 0 ? "all-ones mask" : "full-width window";
+                cr_assert_eq(memcmp(plain.o, masked.o, attn_numel_q(&p) * 2), 0, "%s %s: O differs", st[si]->name, what);
+                cr_assert_eq(memcmp(plain.lse, masked.lse, attn_numel_lse(&p) * 4), 0, "%s %s: L differs", st[si]->name, what);
+                cr_assert_eq(memcmp(plain.dq, masked.dq, attn_numel_q(&p) * 2), 0, "%s %s: dQ differs", st[si]->name, what);
+                cr_assert_eq(memcmp(plain.dk, masked.dk, attn_numel_kv(&p) * 2), 0, "%s %s: dK differs", st[si]->name, what);
+                cr_assert_eq(memcmp(plain.dv, masked.dv, attn_numel_kv(&p) * 2), 0, "%s %s: dV differs", st[si]->name, what);
+                if (dense && how == 0) {
+                    attn_host d6;
+                    attn_problem q = p;
+                    attn_host src = in;   /* the same inputs, without the mask */
+                    src.p = q;
+                    src.block_mask = NULL;
+                    cr_assert_eq(run_copy(dense, &src, ATTN_BACKWARD, &d6, &info), ATTN_RUN_OK, "%s", info.why);
+                    attn_ref r;
+                    cr_assert_eq(attn_oracle(&src, ATTN_BACKWARD, NULL, &r), 0);
+                    attn_cmp c[5];
+                    int nc;
+                    if (attn_compare_stages(c, &nc, &masked, &d6, ATTN_BACKWARD, &r)) {
+                        print_cmp("all-ones mask vs 06_fa2: the stages disagree", c, nc);
+                        cr_assert_fail("%s with an all-ones mask disagrees with 06_fa2", st[si]->name);
+                    }
+                    attn_ref_free(&r);
+                    attn_host_free(&d6);
+                }
+                attn_host_free(&plain);
+                attn_host_free(&masked);
+                attn_host_free(&in);
+            }
 }
