@@ -379,6 +379,18 @@ def main(argv):
         del result
         return max(0, peak - base - result_bytes)
 
+    def timed_step(call, inputs, grad):
+        """What one anchor point times, and the bytes of its results (not workspace): the
+        forward call itself (O), or one backward pass, torch.autograd.grad through the graph
+        of one forward call built here, untimed (dQ, dK, dV)."""
+        q = inputs[0]
+        if not grad:
+            return call, q.numel() * q.element_size()
+        o = call()
+        d_o = torch.randn_like(o)
+        return (lambda: torch.autograd.grad(o, inputs, d_o, retain_graph=True),
+                3 * q.numel() * q.element_size())
+
     if args.gemm and args.shapes == "sweep":
         a = torch.randn(GEMM_N, GEMM_N, device=dev, dtype=torch.bfloat16)
         b = torch.randn(GEMM_N, GEMM_N, device=dev, dtype=torch.bfloat16)
@@ -410,7 +422,7 @@ def main(argv):
         prefix = mask_note(args, B, H, N, causal, tiles)
         version += " flex_attention (torch.compile; BlockMask of 128 x 128)"
         grad = direction == "backward"
-        q = k = v = o = d_o = step = None
+        q = k = v = step = None
         try:
             W = args.window
             block_mask = None
@@ -429,14 +441,7 @@ def main(argv):
             call = lambda: flex(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                 block_mask=block_mask)
             started = time.perf_counter()
-            if grad:
-                o = call()
-                d_o = torch.randn_like(o)
-                step = lambda: torch.autograd.grad(o, (q, k, v), d_o, retain_graph=True)
-                result_bytes = 3 * q.numel() * q.element_size()   # dQ, dK, dV
-            else:
-                step = call
-                result_bytes = q.numel() * q.element_size()       # O
+            step, result_bytes = timed_step(call, (q, k, v), grad)
             step()                                 # compiles: never timed, never measured
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - started
@@ -455,7 +460,7 @@ def main(argv):
             out.write(row(*fields, status="failed", note=prefix + "%s: %s" % (version, first)))
             print("failed: %s" % clean(first), flush=True)
         finally:
-            q = k = v = o = d_o = step = call = None
+            q = k = v = step = call = None
             torch.cuda.empty_cache()
 
     points = [(be, direction, shape) for be in args.backends for direction in args.dirs
@@ -488,14 +493,7 @@ def main(argv):
                 sdpa = lambda: F.scaled_dot_product_attention(
                     q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=bool(causal))
                 try:
-                    if grad:
-                        o = sdpa()
-                        d_o = torch.randn_like(o)
-                        step = lambda: torch.autograd.grad(o, (q, k, v), d_o, retain_graph=True)
-                        result_bytes = 3 * q.numel() * q.element_size()   # dQ, dK, dV
-                    else:
-                        step = sdpa
-                        result_bytes = q.numel() * q.element_size()       # O
+                    step, result_bytes = timed_step(sdpa, (q, k, v), grad)
                     ws = extra_bytes(step, result_bytes)
                     ms = time_ms(step)
                 except torch.cuda.OutOfMemoryError:
@@ -514,7 +512,7 @@ def main(argv):
             out.write(row(*fields, status="failed", note="%s: %s" % (version, e)))
             print("failed: %s" % clean(e), flush=True)
         finally:
-            q = k = v = o = d_o = step = sdpa = None
+            q = k = v = step = sdpa = None
             torch.cuda.empty_cache()
     return 0
 
