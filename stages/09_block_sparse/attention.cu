@@ -287,8 +287,8 @@ static __device__ __forceinline__ void store_rows(void *x, int off, int r0, int 
  * key k is visible iff k < N_k and lo <= k - r <= hi (visible_keys element by element). causal
  * gives hi = 0, a window W lo = 1 - W (without causal also hi = W - 1). Computed on the host
  * and passed to the kernels by value, so that mask_scores compares with kernel parameters
- * (constant memory) instead of holding two more registers through the loop (which made the
- * forward at d = 128 spill). */
+ * (constant memory), not with values the loop would hold in registers: registers are what
+ * the d = 128 forward runs short of. */
 typedef struct { int lo, hi; } band;
 
 static band diagonal_band(const attn_problem *p)
@@ -515,7 +515,7 @@ static attention_fn pick_forward(const attn_problem *p)
 /* ---- Backward ------------------------------------------------------------------------------ */
 
 /* The first step (g', s') >= (g, s), heads first, then query tiles s' < s_end (s_begin for a
- * new head), whose mask tile is in head g''s list (two bitmaps of words words a head); g' =
+ * new head), whose mask tile is in head g's list (two bitmaps of `words` words each); g' =
  * group when none is left. */
 static __device__ __forceinline__ void next_step(int list, int words, int group,
                                                  int s_begin, int s_end, int per, int *g, int *s)
@@ -855,9 +855,9 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     const int group = p.H / p.H_kv;
 
     /* The rows that see some of these keys are q_lo .. q_hi-1 (visible_queries): the query
-     * tiles s_begin .. s_end-1 of br rows, in the mask tiles u0 .. u1-1. A step is one (query
-     * head g of the group, query tile s) pair whose mask tile is in head g's list (words words
-     * a head), visited heads first, then tiles, as 06 does. */
+     * tiles s_begin .. s_end-1 of br rows. A step is one (query head g of the group, query
+     * tile s) pair whose mask tile is in head g's list (two bitmaps of `words` words each),
+     * visited heads first, then tiles, as 06 does. */
     int q_lo, q_hi;
     visible_queries(p, j0, min(j0 + BWD_Bc, p.N_k), &q_lo, &q_hi);
     const int s_begin = q_lo / br, s_end = (q_hi + br - 1) / br, per = MASK_TILE / br;
