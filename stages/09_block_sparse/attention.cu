@@ -19,7 +19,8 @@
  * - A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
- * Time: the visible pairs' TFLOP/s near the dense 06_fa2's at any density (docs/09_block_sparse.md).
+ * Time: falls with the density; the rate on the visible pairs stays below dense 06_fa2's, the
+ *   more so the sparser the mask (docs/09_block_sparse.md, generated).
  * Memory: as 06_fa2, plus the lists in shared memory: 2 ceil(N_k / 4096) words a forward block,
  *   2 (H / H_kv) ceil(N_q / 4096) words a backward block (2 KiB at N = 1M, H = H_kv).
  *
