@@ -311,10 +311,19 @@ GPU_NAME=$(gpu_of "$MAIN")
 DATE=$(rows_date "$MAIN")
 # the SOURCES line closing each figure's heading: the sweep; the sweep and the long-context
 # runs (workspace.png); the long-context runs; the bytes. A line that names several runs is
-# too long for one line of a heading: it is broken after the files and between files ("\n").
+# too long for one line of a heading: it is broken before each file's list of runs, between
+# files, and after every second run of a list ("\n").
 fig_sources() {
     case $1 in
-        *" runs merged"*) printf '%s\n' "$1" | sed 's/\( runs merged in [^:]*\): /\1:\\n/; s/); /);\\n/g' ;;
+        *" runs merged"*) printf '%s\n' "$1" | sed 's/\( runs merged in [^:]*\): /\1:\\n/; s/^\(rows of several [^:]*\): /\1:\\n/
+                                     s/\( runs merged\): /\1:\\n/g; s/); /);\\n/g' |
+            awk '{ n = split($0, part, /\), /); out = part[1]; k = 0
+                   for (i = 2; i <= n; i++) {   # a run begins with its date
+                       sep = "), "
+                       if (part[i] ~ /^[0-9][0-9][0-9][0-9]-/ && ++k % 2 == 0) sep = "),\\n"
+                       out = out sep part[i]
+                   }
+                   print out }' ;;
         *) printf '%s\n' "$1" ;;
     esac
 }
