@@ -3,6 +3,7 @@
 #define TEST_UTIL_H
 
 #include <stdlib.h>
+#include <criterion/criterion.h>
 #include "harness.h"
 
 /* A problem with the given sizes, scale 1/sqrt(d), bf16 unless changed by the caller. */
@@ -26,6 +27,15 @@ static inline int test_inputs_and_ref(attn_host *t, attn_ref *r, const attn_prob
     if (attn_host_alloc(t, p, dir == ATTN_BACKWARD)) return -1;
     attn_host_fill(t, seed, ATTN_INPUT_NORMAL);
     return attn_oracle(t, dir, NULL, r);
+}
+
+/* The oracle's forward again for t (whose problem or mask the caller changed) into *r, and its O
+ * bitwise equal to ref's: a change that must change nothing. */
+static inline void test_same_forward(attn_host *t, const attn_ref *ref, attn_ref *r, const char *what)
+{
+    cr_assert_eq(attn_oracle(t, ATTN_FORWARD, NULL, r), 0, "%s: the oracle failed", what);
+    for (size_t e = 0; e < attn_numel_q(&t->p); e++)
+        cr_assert(r->o[e] == ref->o[e], "%s: o[%zu] differs", what, e);
 }
 
 /* Round the oracle's float64 results to what a perfect kernel would store. */
