@@ -13,9 +13,10 @@
  *   and only tiles with the second bit run mask code. FlexAttention keeps the same two lists.
  * - Backward: per key tile, the lists of (query head of the GQA group, query tile); next_step
  *   walks them in 06's order (heads, then tiles), the loads one step ahead as before.
- * - Masked scores start at -inf before the product (the mma keeps them there). At d = 128 the
- *   forward's K_j, V_j tiles have Bc = 32 keys instead of 64: with the lists' state, 64 keys
- *   left it short of registers (06's kernel uses 254 of 255; ptxas spilled).
+ * - Masked scores start at -inf before the product (the mma keeps them there); the forward on
+ *   sm_80 masks after it, as 06 does (MASK_FIRST: 06's d = 128 forward uses 254 of 255
+ *   registers, and each order spills on one target). build_list is out of line for the same
+ *   reason. With 06's tiles, an all-ones mask gives 06's bits.
  * - A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
@@ -34,8 +35,7 @@
 
 #define QUAD    4     /* lanes that share a row of an mma accumulator */
 #define Br      128   /* query rows per forward block: a Q_i tile */
-#define BC(d)   ((d) == 128 ? 32 : 64)   /* keys per K_j, V_j tile (Bc; see the top) */
-#define BC_MAX  64
+#define Bc      64    /* keys per K_j, V_j tile */
 #define THREADS 128   /* 4 warps of 32 query rows */
 #define MT      2     /* 16-row mma tiles per warp in the forward */
 #define MMA_M   16    /* an m16n8k16 tile: rows of A and C */
@@ -44,12 +44,21 @@
 #define CHUNK   8     /* 16-bit elements in 16 bytes: one cp.async, one ldmatrix row */
 #define D_MAX   128   /* largest head dim supported */
 #define MASK_TILE ATTN_MASK_TILE   /* 128: a block-mask entry covers 128 queries x 128 keys */
+/* Where the forward masks a cut tile: before S_ij = Q_i K_jᵀ (the scores start at -inf) or
+ * after it, as 06_fa2 does. The answer is the same; the d = 128 forward is one register short
+ * of 06's with the lists, and ptxas fits it without spilling in the first order on sm_90 and
+ * in the second on sm_80 (docs/notes.md). */
+#if __CUDA_ARCH__ >= 900
+#define MASK_FIRST 1
+#else
+#define MASK_FIRST 0
+#endif
 
 /* Dynamic shared memory of the forward, 16-bit: Q_i [Br][d], then two stages of
  * K_j [Bc][d], V_j [Bc][d]; the tile list follows (list_bytes). */
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
 {
-    return (size_t)(Br + 2 * 2 * BC(d)) * d * 2;
+    return (size_t)(Br + 2 * 2 * Bc) * d * 2;
 }
 
 /* Words of one bitmap of a tile list: a bit per mask tile of the keys (keys = 1: a Q-outer
@@ -129,7 +138,7 @@ static __device__ __forceinline__ int needs_mask(const attn_problem p, int first
  * along_keys, or the block's). FlexAttention's block masks keep the same two lists (partial
  * and full blocks). Each warp takes 32 tiles at a time and writes a ballot per bitmap; only the
  * words of t0 .. t1-1 are written. The caller synchronises. */
-static __device__ __forceinline__ void build_list(int list, const unsigned char *first,
+static __device__ __noinline__ void build_list(int list, const unsigned char *first,
                                                   size_t stride, int t0, int t1, const attn_problem p,
                                                   int r0, int r1, int k0, int k1, int along_keys,
                                                   int threads)
@@ -325,7 +334,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
                                                        const band w, const int d, const int fp16)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    const int Bc = BC(d), row_bytes = 2 * d, tile_bytes = Bc * row_bytes;
+    const int row_bytes = 2 * d, tile_bytes = Bc * row_bytes;
     const uint32_t Q_i = smem_u32(smem);            /* [Br][d] */
     const uint32_t KV = Q_i + Br * row_bytes;       /* stage s: K_j at KV + 2s tile_bytes, V_j next */
     const int list = smem_bytes(d) / 4;   /* the key tiles to visit: words of shared memory */
@@ -380,14 +389,14 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
          * memory every tile: 32 rows of them would take 64 registers for the whole loop.
          * Scores the rows must not see start at -inf instead of 0: the mma adds a finite
          * product, so they stay -inf, and j0 is dead before the softmax. */
-        float s[MT][BC_MAX / MMA_N][4];
+        float s[MT][Bc / MMA_N][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int n = 0; n < Bc / MMA_N; n++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) s[mt][n][c] = 0.0f;
-        if (cut_tile(list, j0 / MASK_TILE))
+        if (MASK_FIRST && cut_tile(list, j0 / MASK_TILE))
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
                 mask_scores(s[mt], Bc / MMA_N, row + mt * MMA_M, j0 + 2 * (lane % QUAD), p.N_k, w);
@@ -408,6 +417,10 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
                 }
             }
         }
+        if (!MASK_FIRST && cut_tile(list, j0 / MASK_TILE))
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                mask_scores(s[mt], Bc / MMA_N, row + mt * MMA_M, j0 + 2 * (lane % QUAD), p.N_k, w);
 
         /* Online softmax in the log2 domain: m holds max(S) * scale * log2(e) (scale > 0),
          * so P = exp2(S * scale_log2 - m) is one FFMA and one ex2 per score. */
