@@ -499,6 +499,8 @@ Test(gpu, masks_against_oracle, .timeout = 600)
         { 2, 2, 1, 255, 255, 128, 0, 50, 1, 0, NULL },              /* two-sided window, fp16, MQA */
         { 1, 2, 2, 300, 100, 64, 0, 50, 0, 0, NULL },               /* rows 149.. see nothing */
         { 1, 4, 2, 1000, 1000, 128, 0, 0, 0, 0, "random:0.3" },     /* per-head random, GQA */
+        { 2, 4, 2, 1100, 900, 64, 0, 0, 0, 0, "random:0.4" },       /* per (batch, head): the
+                                                                         backward's tile order */
         { 2, 2, 2, 700, 1000, 64, 1, 0, 0, 0, "local:256,global:128" },
         { 1, 2, 2, 1500, 1500, 64, 0, 0, 1, 0, "strided:3" },
         { 1, 4, 2, 1000, 1000, 64, 1, 200, 0, 0, "random:0.5" },    /* window AND mask */

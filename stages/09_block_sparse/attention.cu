@@ -12,7 +12,8 @@
  *   N_k cuts the tile (build_list: two ballots per 32 tiles); next_tile walks the first bitmap,
  *   and only tiles with the second bit run mask code. FlexAttention keeps the same two lists.
  * - Backward: per key tile, the lists of (query head of the GQA group, query tile); next_step
- *   walks them in 06's order (heads, then tiles), the loads one step ahead as before.
+ *   walks them in 06's order (heads, then tiles), the loads one step ahead as before. With a
+ *   block mask, a head's key tiles start heaviest first (order_kernel), so no long one is last.
  * - Masked scores start at -inf before the product (the mma keeps them there); the forward on
  *   sm_80 masks after it, as 06 does (MASK_FIRST: 06's d = 128 forward uses 254 of 255
  *   registers, and each order spills on one target). build_list is out of line for the same
@@ -23,7 +24,8 @@
  * Time: falls with the density; the rate on the visible pairs stays below dense 06_fa2's, the
  *   more so the sparser the mask (docs/09_block_sparse.md, generated).
  * Memory: as 06_fa2, plus the lists in shared memory: 2 ceil(N_k / 4096) words a forward block,
- *   2 (H / H_kv) ceil(N_q / 4096) words a backward block (2 KiB at N = 1M, H = H_kv).
+ *   2 (H / H_kv) ceil(N_q / 4096) words a backward block (2 KiB at N = 1M, H = H_kv); with a
+ *   block mask, the backward's order: an int per key tile and kv head.
  *
  * Run: make build/09_block_sparse && build/09_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
@@ -652,6 +654,85 @@ static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void
     }
 }
 
+/* ---- Heavy key tiles first ------------------------------------------------------------------ */
+
+/* Blocks start in grid order, x fastest, and a backward block's time is its list's length.
+ * With a block mask the lengths are random, and a long block that starts late keeps its SM
+ * busy while the others idle. So, with a block mask, block x of a (kv head, batch) takes that
+ * head's x-th heaviest key tile (order_kernel), not tile x. The grid keeps 06's shape, so the
+ * blocks that run together still share a few heads' Q_i and dO_i in L2: a grid of ranks
+ * across all heads (every head's heaviest tile first) balanced better but lost more to L2
+ * (docs/notes.md). The forward would gain too, but its d = 128 kernel has no register left
+ * for a tile it does not take from blockIdx: every variant tried spilled. */
+#define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
+
+/* Mask tiles that key tile t of kv head h, batch b visits, capped at ORDER_THREADS - 1: the
+ * ones of mask column t among the queries that see its keys, over the group's query heads. */
+static __device__ __forceinline__ int tile_work(const attn_problem p, const attn_args a, int b,
+                                                int h, int t)
+{
+    const size_t Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;
+    const int group = p.H / p.H_kv;
+    int q_lo, q_hi, n = 0;
+    visible_queries(p, t * MASK_TILE, min((t + 1) * MASK_TILE, p.N_k), &q_lo, &q_hi);
+    for (int g = 0; g < group; g++) {
+        const unsigned char *column = mask_row(p, a, b, h * group + g, 0) + t;
+        for (int q = q_lo / MASK_TILE; q < (q_hi + MASK_TILE - 1) / MASK_TILE; q++)
+            n += column[q * Tk] != 0;
+    }
+    return min(n, ORDER_THREADS - 1);
+}
+
+/* One block per (kv head, batch): order[(b H_kv + h) tiles + r] = its key tile of rank r,
+ * heaviest first. A counting sort, a bucket per work; tiles of equal work (or past the cap)
+ * take their ranks in any order, which may change from call to call: the results do not,
+ * since each key tile writes its own dK_j, dV_j (dQ's atomics are unordered anyway). */
+static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_problem p, attn_args a,
+                                                                     int *order)
+{
+    __shared__ int next[ORDER_THREADS];   /* per bucket: its count, then its next rank */
+    __shared__ int before[ORDER_THREADS / WARP];
+    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP, h = blockIdx.x, b = blockIdx.y;
+    const int tiles = (p.N_k + MASK_TILE - 1) / MASK_TILE;
+    int *rank_to_tile = order + ((size_t)b * gridDim.x + h) * tiles;
+    next[t] = 0;
+    __syncthreads();
+    for (int i = t; i < tiles; i += ORDER_THREADS) atomicAdd(&next[tile_work(p, a, b, h, i)], 1);
+    __syncthreads();
+    /* Thread t takes bucket ORDER_THREADS-1-t, so that a prefix sum over the threads counts
+     * the heavier tiles: each bucket's first rank. A scan per warp, then over the warps. */
+    const int count = next[ORDER_THREADS - 1 - t];
+    int x = count;
+    for (int o = 1; o < WARP; o *= 2) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == WARP - 1) before[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        const int total = before[lane];
+        int y = total;
+        for (int o = 1; o < WARP; o *= 2) {
+            const int z = __shfl_up_sync(0xffffffffu, y, o);
+            if (lane >= o) y += z;
+        }
+        before[lane] = y - total;
+    }
+    __syncthreads();
+    next[ORDER_THREADS - 1 - t] = before[warp] + x - count;
+    __syncthreads();
+    for (int i = t; i < tiles; i += ORDER_THREADS)
+        rank_to_tile[atomicAdd(&next[tile_work(p, a, b, h, i)], 1)] = i;
+}
+
+/* This block's key tile: of rank blockIdx.x in its head's order, or (order NULL) tile
+ * blockIdx.x. */
+static __device__ __forceinline__ int block_tile(const int *order)
+{
+    if (order) return order[((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x];
+    return (int)blockIdx.x;
+}
+
 /* Start loading one step of the backward loop into a stage: Q_i, dO_i (rows i0 .. i0+br-1 of
  * query head h) and L_i, D_i (fp32, 4 bytes per cp.async: those rows are not 16-byte aligned). */
 static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, const attn_problem *p,
@@ -676,7 +757,7 @@ static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, cons
  * mask measured that). See tiled_backward for who owns what. */
 static __device__ __forceinline__ void backward_step(const attn_problem *p, const attn_args *a,
                                                      const float *D, float *dq_acc, const band w,
-                                                     float dK[2][D_MAX / 16][4],
+                                                     const int *order, float dK[2][D_MAX / 16][4],
                                                      float dV[2][D_MAX / 16][4], int st, int h,
                                                      int i0, int h_next, int i_next, const int d,
                                                      const int br, const int fp16, const int masked)
@@ -689,7 +770,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     const int stage_bytes = m.stage, P_off = m.P, dS_off = m.dS, LD_off = m.LD;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wm = warp % 2, wn = warp / 2;
-    const int b = blockIdx.z, j0 = blockIdx.x * BWD_Bc;
+    const int b = blockIdx.z, j0 = block_tile(order) * BWD_Bc;
     const int MQ = br / 32;   /* query mma tiles per warp: br / 2 rows */
     const int Tr = (p->N_q + br - 1) / br;
     const float scale_log2 = p->scale * LOG2E;
@@ -856,7 +937,8 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
  * br, the query rows per step, is 64 or 128 (backward_rows). */
 static __device__ __forceinline__ void tiled_backward(const attn_problem p, const attn_args a,
                                                       const float *D, float *dq_acc, const band w,
-                                                      const int d, const int br, const int fp16)
+                                                      const int *order, const int d, const int br,
+                                                      const int fp16)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const bwd_smem m = backward_layout(d, br);
@@ -865,7 +947,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wm = warp % 2, wn = warp / 2;
-    const int b = blockIdx.z, h_kv = blockIdx.y, j0 = blockIdx.x * BWD_Bc;
+    const int b = blockIdx.z, h_kv = blockIdx.y, j0 = block_tile(order) * BWD_Bc;
     const int group = p.H / p.H_kv;
 
     /* The rows that see some of these keys are q_lo .. q_hi-1 (visible_queries): the query
@@ -910,9 +992,9 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         const int h_next = g_next < group ? h_kv * group + g_next : h;
         const int i_next = g_next < group ? s_next * br : i0;
         if (cut_tile(list + 2 * g * words, i0 / MASK_TILE))
-            backward_step(&p, &a, D, dq_acc, w, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 1);
+            backward_step(&p, &a, D, dq_acc, w, order, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 1);
         else
-            backward_step(&p, &a, D, dq_acc, w, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 0);
+            backward_step(&p, &a, D, dq_acc, w, order, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 0);
         g = g_next;
         s = s_next;
     }
@@ -944,13 +1026,13 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
 /* One block per key tile: 161-162 KiB of shared memory allows one per SM anyway, and the
  * dK_j, dV_j accumulators (128 registers a thread at d = 128) need the registers. One kernel per
  * (d, br, dtype): backward_<d>_<br>_<dtype>; d = 64 has both step heights (backward_rows). */
-typedef void (*backward_fn)(attn_problem, attn_args, const float *, float *, band);
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w) { tiled_backward(p, a, D, dq_acc, w, 64, 128, 0); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w) { tiled_backward(p, a, D, dq_acc, w, 64, 128, 1); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w)  { tiled_backward(p, a, D, dq_acc, w, 64, 64, 0); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w)  { tiled_backward(p, a, D, dq_acc, w, 64, 64, 1); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w) { tiled_backward(p, a, D, dq_acc, w, 128, 64, 0); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w) { tiled_backward(p, a, D, dq_acc, w, 128, 64, 1); }
+typedef void (*backward_fn)(attn_problem, attn_args, const float *, float *, band, const int *);
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order) { tiled_backward(p, a, D, dq_acc, w, order, 64, 128, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order) { tiled_backward(p, a, D, dq_acc, w, order, 64, 128, 1); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order)  { tiled_backward(p, a, D, dq_acc, w, order, 64, 64, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order)  { tiled_backward(p, a, D, dq_acc, w, order, 64, 64, 1); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order) { tiled_backward(p, a, D, dq_acc, w, order, 128, 64, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order) { tiled_backward(p, a, D, dq_acc, w, order, 128, 64, 1); }
 
 static backward_fn pick_backward(const attn_problem *p, int br)
 {
@@ -1101,32 +1183,42 @@ static dq_fn pick_dq(const attn_problem *p)
 }
 
 /* dq = scale * the fp32 accumulator, rounded to the dtype and put back in the [B, N_q, H, d]
- * layout, 16 bytes a store. A thread takes 8 neighbouring columns of one row. In the
+ * layout. A thread takes 16 neighbouring columns of one row: 32 bytes, a whole sector, in two
+ * 16-byte stores, so that no sector is written half by one block and half by another. In the
  * backward, register dq[mt][n][c] of thread t = 32 (2 wn + wm) + lane holds row
  * br/2 wm + 16 mt + lane / 4 + 8 (c / 2), column wn d/4 + 8 n + 2 (lane % 4) + c % 2, at slot
- * (mt (d/32) + n) 4 + c; so the 8 columns are slots c0 and c0 + 1 of four neighbouring
- * threads: two 16-byte reads. Neighbouring threads take neighbouring rows (row % 8), whose
- * reads are neighbouring 16 bytes. */
+ * (mt (d/32) + n) 4 + c; so 8 columns (n) are slots c0 and c0 + 1 of four neighbouring
+ * threads, two 16-byte reads, and the next 8 (n + 1) the same 4 slots on. Neighbouring
+ * threads take neighbouring rows (row % 8), whose reads are neighbouring 16 bytes. */
 static __global__ void convert_dq_kernel(attn_problem p, int br, const float *dq_acc, void *dq)
 {
-    const int d = p.d, Tr = (p.N_q + br - 1) / br, groups = d / CHUNK;
+    const int d = p.d, Tr = (p.N_q + br - 1) / br, groups = d / (2 * CHUNK);
     const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= (size_t)p.B * p.H * Tr * br * groups) return;
-    const int row = (int)(e % br), col = (int)(e / br % groups) * CHUNK;
+    const int row = (int)(e % br), col = (int)(e / br % groups) * 2 * CHUNK;
     const size_t tile = e / br / groups;   /* (b H + h) Tr + query tile */
     const int wm = row / (br / 2), mt = row % (br / 2) / MMA_M, hf = row % MMA_M / 8;
     const int wn = col / (d / 4), n = col % (d / 4) / MMA_N;
     const int t0 = (2 * wn + wm) * WARP + (row % 8) * QUAD;
     const int slot = (mt * (d / 32) + n) * 4 + 2 * hf;
     const float *src = dq_acc + tile * br * d + slot * BWD_THREADS + t0;
-    const float4 lo = *(const float4 *)src, hi = *(const float4 *)(src + BWD_THREADS);
+    float4 lo[2], hi[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {   /* columns col + 8k .. col + 8k + 7: slots 4k on */
+        lo[k] = *(const float4 *)(src + 4 * k * BWD_THREADS);
+        hi[k] = *(const float4 *)(src + (4 * k + 1) * BWD_THREADS);
+    }
     const int i = (int)(tile % Tr) * br + row;
     if (i >= p.N_q) return;
     const int h = (int)(tile / Tr % p.H), b = (int)(tile / Tr / p.H), fp16 = p.dtype == ATTN_FP16;
     const float sc = p.scale;
-    const uint4 out = {pack_x2(sc * lo.x, sc * hi.x, fp16), pack_x2(sc * lo.y, sc * hi.y, fp16),
-                       pack_x2(sc * lo.z, sc * hi.z, fp16), pack_x2(sc * lo.w, sc * hi.w, fp16)};
-    *(uint4 *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, d) + col) = out;
+    uint4 *out = (uint4 *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, d) + col);
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        out[k] = make_uint4(pack_x2(sc * lo[k].x, sc * hi[k].x, fp16),
+                            pack_x2(sc * lo[k].y, sc * hi[k].y, fp16),
+                            pack_x2(sc * lo[k].z, sc * hi[k].z, fp16),
+                            pack_x2(sc * lo[k].w, sc * hi[k].w, fp16));
 }
 
 static int check(const attn_problem *p, attn_dir dir, char *why)
@@ -1158,11 +1250,35 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     return 0;
 }
 
-/* Forward: nothing beyond L. Backward: D and (atomic dQ) the fp32 dQ accumulator, both O(N);
- * no N x N buffer, since S_ij and P_ij are recomputed on chip from L. */
+#if BWD_Bc != MASK_TILE
+#error "order_kernel counts mask tiles: a backward block's key tile must be one mask tile"
+#endif
+
+/* heavy_first's workspace: an int per backward block, with a block mask only. */
+static size_t order_bytes(const attn_problem *p)
+{
+    return p->block_mask ? (size_t)attn_ceil_div(p->N_k, BWD_Bc) * p->H_kv * p->B * sizeof(int) : 0;
+}
+
+/* With a block mask, *order = each kv head's key tiles, heaviest first, in ws (order_bytes);
+ * without one, NULL (block x takes tile x). */
+static cudaError_t heavy_first(const attn_problem *p, const attn_args *a, void *ws, cudaStream_t s,
+                               const int **order)
+{
+    *order = NULL;
+    if (!p->block_mask) return cudaSuccess;
+    order_kernel<<<dim3(p->H_kv, p->B), ORDER_THREADS, 0, s>>>(*p, *a, (int *)ws);
+    ATTN_LAUNCH_CHECK();
+    *order = (const int *)ws;
+    return cudaSuccess;
+}
+
+/* Forward: nothing beyond L. Backward: D and (atomic dQ) the fp32 dQ accumulator, both O(N),
+ * and the order of the key tiles (a block mask); no N x N buffer, since S_ij and P_ij are
+ * recomputed on chip from L. */
 static size_t workspace(const attn_problem *p, attn_dir dir)
 {
-    return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) : 0;
+    return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) + order_bytes(p) : 0;
 }
 
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
@@ -1196,11 +1312,13 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     const backward_fn kernel = pick_backward(p, br);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
-    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc, diagonal_band(p));
+    const int *order;
+    ATTN_TRY(heavy_first(p, a, (char *)a->ws + D_bytes(p) + dq_acc_bytes(p), s, &order));
+    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc, diagonal_band(p), order);
     ATTN_LAUNCH_CHECK();
 
     if (dq_acc) {
-        const size_t n_groups = dq_acc_bytes(p) / sizeof(float) / CHUNK;   /* 8 columns of a row */
+        const size_t n_groups = dq_acc_bytes(p) / sizeof(float) / (2 * CHUNK);   /* 16 columns */
         convert_dq_kernel<<<attn_blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, br, dq_acc, a->dq);
     } else {
         const size_t dq_smem = dq_smem_bytes(p->d) + list_bytes(p, 1);
