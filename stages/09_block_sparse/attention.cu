@@ -12,8 +12,9 @@
  *   N_k cuts the tile (build_list: two ballots per 32 tiles); next_tile walks the first bitmap,
  *   and only tiles with the second bit run mask code. FlexAttention keeps the same two lists.
  * - Backward: per key tile, the lists of (query head of the GQA group, query tile); next_step
- *   walks them in 06's order (heads, then tiles), the loads one step ahead as before. With a
- *   block mask, a head's key tiles start heaviest first (order_kernel), so no long one is last.
+ *   walks them in 06's order (heads, then tiles), the loads one step ahead as before.
+ * - With a block mask, a head's tiles start heaviest first (order_kernel), so no long one is
+ *   last. The d = 128 forward keeps its row sums in shared memory to have the register for it.
  * - Masked scores start at -inf before the product (the mma keeps them there); the forward on
  *   sm_80 masks after it, as 06 does (MASK_FIRST: 06's d = 128 forward uses 254 of 255
  *   registers, and each order spills on one target). build_list is out of line for the same
@@ -24,8 +25,8 @@
  * Time: falls with the density; the rate on the visible pairs stays below dense 06_fa2's, the
  *   more so the sparser the mask (docs/09_block_sparse.md, generated).
  * Memory: as 06_fa2, plus the lists in shared memory: 2 ceil(N_k / 4096) words a forward block,
- *   2 (H / H_kv) ceil(N_q / 4096) words a backward block (2 KiB at N = 1M, H = H_kv); with a
- *   block mask, the backward's order: an int per key tile and kv head.
+ *   2 (H / H_kv) ceil(N_q / 4096) words a backward block (2 KiB at N = 1M, H = H_kv), the
+ *   forward's row sums (2 KiB a block); with a block mask, the order: an int per tile and head.
  *
  * Run: make build/09_block_sparse && build/09_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
@@ -60,7 +61,7 @@
  * K_j [Bc][d], V_j [Bc][d]; the tile list follows (list_bytes). */
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
 {
-    return (size_t)(Br + 2 * 2 * Bc) * d * 2;
+    return (size_t)(Br + 2 * 2 * Bc) * d * 2 + THREADS * 4 * sizeof(float);
 }
 
 /* Words of one bitmap of a tile list: a bit per mask tile of the keys (keys = 1: a Q-outer
@@ -180,6 +181,95 @@ static __device__ __forceinline__ int next_tile(int list, int j, int end, int pe
         j = (t / WARP + 1) * WARP * per;   /* the first tile of the next word */
     }
     return end;
+}
+
+/* ---- Heavy tiles first ---------------------------------------------------------------------- */
+
+/* Blocks start in grid order, x fastest, and a block's time is its list's length. With a
+ * block mask the lengths are random, and a long block that starts late keeps its SM busy while
+ * the others idle. So, with a block mask, block x of a (head, batch) takes that head's x-th
+ * heaviest tile (order_kernel), not tile x: query tiles in the forward, key tiles in the
+ * backward. The grids keep 06's shape, so the blocks that run together still share a few
+ * heads' tiles in L2: a grid of ranks across all heads (every head's heaviest tile first)
+ * balanced better but lost more to L2 (docs/notes.md). */
+#define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
+
+/* Mask tiles that tile t of head h, batch b visits, capped at ORDER_THREADS - 1. Forward
+ * (keys = 1): query tile t, the ones of mask row t among the keys its rows see. Backward:
+ * key tile t of kv head h, the ones of mask column t among the queries that see its keys, over
+ * the group's query heads. */
+static __device__ __forceinline__ int tile_work(const attn_problem p, const attn_args a, int keys,
+                                                int b, int h, int t)
+{
+    int n = 0;
+    if (keys) {   /* forward: query tile t of head h, the ones of its mask row it can reach */
+        int lo, hi, unused;
+        visible_keys(p, t * MASK_TILE, &lo, &unused);
+        visible_keys(p, min((t + 1) * MASK_TILE, p.N_q) - 1, &unused, &hi);
+        const unsigned char *row = mask_row(p, a, b, h, t);
+        for (int k = lo / MASK_TILE; k < (hi + MASK_TILE - 1) / MASK_TILE; k++) n += row[k] != 0;
+        return min(n, ORDER_THREADS - 1);
+    }
+    const size_t Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;
+    const int group = p.H / p.H_kv;
+    int q_lo, q_hi;
+    visible_queries(p, t * MASK_TILE, min((t + 1) * MASK_TILE, p.N_k), &q_lo, &q_hi);
+    for (int g = 0; g < group; g++) {
+        const unsigned char *column = mask_row(p, a, b, h * group + g, 0) + t;
+        for (int q = q_lo / MASK_TILE; q < (q_hi + MASK_TILE - 1) / MASK_TILE; q++)
+            n += column[q * Tk] != 0;
+    }
+    return min(n, ORDER_THREADS - 1);
+}
+
+/* One block per (head, batch) (kv heads in the backward): order[(b heads + h) tiles + r] = its
+ * tile of rank r, heaviest first. A counting sort, a bucket per work; tiles of equal work (or
+ * past the cap) take their ranks in any order, which may change from call to call: the
+ * results do not, since each tile writes its own outputs (O_i, L_i; dK_j, dV_j; dQ's atomics
+ * are unordered anyway). */
+static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_problem p, attn_args a,
+                                                                     int keys, int *order)
+{
+    __shared__ int next[ORDER_THREADS];   /* per bucket: its count, then its next rank */
+    __shared__ int before[ORDER_THREADS / WARP];
+    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP, h = blockIdx.x, b = blockIdx.y;
+    const int tiles = ((keys ? p.N_q : p.N_k) + MASK_TILE - 1) / MASK_TILE;
+    int *rank_to_tile = order + ((size_t)b * gridDim.x + h) * tiles;
+    next[t] = 0;
+    __syncthreads();
+    for (int i = t; i < tiles; i += ORDER_THREADS) atomicAdd(&next[tile_work(p, a, keys, b, h, i)], 1);
+    __syncthreads();
+    /* Thread t takes bucket ORDER_THREADS-1-t, so that a prefix sum over the threads counts
+     * the heavier tiles: each bucket's first rank. A scan per warp, then over the warps. */
+    const int count = next[ORDER_THREADS - 1 - t];
+    int x = count;
+    for (int o = 1; o < WARP; o *= 2) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == WARP - 1) before[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        const int total = before[lane];
+        int y = total;
+        for (int o = 1; o < WARP; o *= 2) {
+            const int z = __shfl_up_sync(0xffffffffu, y, o);
+            if (lane >= o) y += z;
+        }
+        before[lane] = y - total;
+    }
+    __syncthreads();
+    next[ORDER_THREADS - 1 - t] = before[warp] + x - count;
+    __syncthreads();
+    for (int i = t; i < tiles; i += ORDER_THREADS)
+        rank_to_tile[atomicAdd(&next[tile_work(p, a, keys, b, h, i)], 1)] = i;
+}
+
+/* This block's tile: of rank blockIdx.x in its head's order, or (order NULL) tile blockIdx.x. */
+static __device__ __forceinline__ int block_tile(const int *order)
+{
+    if (order) return order[((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x];
+    return (int)blockIdx.x;
 }
 
 /* Max and sum over the QUAD lanes that share a row of an accumulator tile. */
@@ -333,7 +423,8 @@ static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, in
  * d and fp16 are literals at each call site: register arrays sized, loops unrolled, one
  * mma instruction per dtype. */
 static __device__ __forceinline__ void tiled_attention(const attn_problem p, const attn_args a,
-                                                       const band w, const int d, const int fp16)
+                                                       const band w, const int *order,
+                                                       const int d, const int fp16)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const int row_bytes = 2 * d, tile_bytes = Bc * row_bytes;
@@ -343,8 +434,9 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int b = blockIdx.z, h = blockIdx.y;
-    /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail. */
-    const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br;
+    /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail;
+     * with a block mask, the heaviest first (order). */
+    const int i0 = (order ? block_tile(order) : p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br;
     const int h_kv = h / (p.H / p.H_kv);
     const float scale_log2 = p.scale * LOG2E;
 
@@ -365,7 +457,12 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     cp_async_commit();
 
     float o[MT][D_MAX / MMA_N][4];
-    float m[2 * MT], l[2 * MT];   /* running max (log2 domain) and this lane's part of the sum */
+    /* Running max (log2 domain) and this lane's part of the sum. At d = 128 the sum lives in
+     * shared memory (l_sm), not in l: with a register fewer through the loop, that kernel can
+     * take its tile from the order without spilling (and ptxas schedules it better). */
+    float m[2 * MT], l[2 * MT];
+    float4 *l_sm = (float4 *)(smem + smem_bytes(d) - THREADS * 4 * sizeof(float)) + threadIdx.x;
+    if (d == 128) *l_sm = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
     for (int r = 0; r < 2 * MT; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
 #pragma unroll
@@ -452,8 +549,15 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
                     s[mt][n][c] = exp2_fast(fmaf(s[mt][n][c], scale_log2, -m_use[r]));   /* P_ij */
                     l_tile[r] += s[mt][n][c];
                 }
+        if (d == 128) {
+            float4 v = *l_sm;
+            v.x = alpha[0] * v.x + l_tile[0]; v.y = alpha[1] * v.y + l_tile[1];
+            v.z = alpha[2] * v.z + l_tile[2]; v.w = alpha[3] * v.w + l_tile[3];
+            *l_sm = v;
+        } else {
 #pragma unroll
-        for (int r = 0; r < 2 * MT; r++) l[r] = alpha[r] * l[r] + l_tile[r];
+            for (int r = 0; r < 2 * MT; r++) l[r] = alpha[r] * l[r] + l_tile[r];
+        }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -498,7 +602,8 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 #pragma unroll
     for (int r = 0; r < 2 * MT; r++) {
         const int mt = r / 2, hf = r % 2;
-        const float l_row = row_sum(l[r]);
+        const float4 v = *l_sm;
+        const float l_row = row_sum(d != 128 ? l[r] : r == 0 ? v.x : r == 1 ? v.y : r == 2 ? v.z : v.w);
         const int i = row + mt * MMA_M + 8 * hf;
         const float inv_l = l_row > 0.0f ? 1.0f / l_row : 0.0f;
 #pragma unroll
@@ -515,11 +620,11 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 /* One kernel per head dim and dtype, each with literals inside (one kernel holding all four
  * branches is register-allocated as a whole and spills). Two blocks of 4 warps per SM: up to
  * 255 registers a thread, 2 x 96 KiB of shared memory at d = 128. */
-typedef void (*attention_fn)(attn_problem, attn_args, band);
-static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a, band w)  { tiled_attention(p, a, w, 64, 0); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a, band w)  { tiled_attention(p, a, w, 64, 1); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a, band w) { tiled_attention(p, a, w, 128, 0); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a, band w) { tiled_attention(p, a, w, 128, 1); }
+typedef void (*attention_fn)(attn_problem, attn_args, band, const int *);
+static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a, band w, const int *order)  { tiled_attention(p, a, w, order, 64, 0); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a, band w, const int *order)  { tiled_attention(p, a, w, order, 64, 1); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a, band w, const int *order) { tiled_attention(p, a, w, order, 128, 0); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a, band w, const int *order) { tiled_attention(p, a, w, order, 128, 1); }
 
 static attention_fn pick_forward(const attn_problem *p)
 {
@@ -652,85 +757,6 @@ static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void
         const int h = (int)(row % p.H), i = (int)(row / p.H % p.N_q), b = (int)(row / p.H / p.N_q);
         D[((size_t)b * p.H + h) * p.N_q + i] = acc;
     }
-}
-
-/* ---- Heavy key tiles first ------------------------------------------------------------------ */
-
-/* Blocks start in grid order, x fastest, and a backward block's time is its list's length.
- * With a block mask the lengths are random, and a long block that starts late keeps its SM
- * busy while the others idle. So, with a block mask, block x of a (kv head, batch) takes that
- * head's x-th heaviest key tile (order_kernel), not tile x. The grid keeps 06's shape, so the
- * blocks that run together still share a few heads' Q_i and dO_i in L2: a grid of ranks
- * across all heads (every head's heaviest tile first) balanced better but lost more to L2
- * (docs/notes.md). The forward would gain too, but its d = 128 kernel has no register left
- * for a tile it does not take from blockIdx: every variant tried spilled. */
-#define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
-
-/* Mask tiles that key tile t of kv head h, batch b visits, capped at ORDER_THREADS - 1: the
- * ones of mask column t among the queries that see its keys, over the group's query heads. */
-static __device__ __forceinline__ int tile_work(const attn_problem p, const attn_args a, int b,
-                                                int h, int t)
-{
-    const size_t Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;
-    const int group = p.H / p.H_kv;
-    int q_lo, q_hi, n = 0;
-    visible_queries(p, t * MASK_TILE, min((t + 1) * MASK_TILE, p.N_k), &q_lo, &q_hi);
-    for (int g = 0; g < group; g++) {
-        const unsigned char *column = mask_row(p, a, b, h * group + g, 0) + t;
-        for (int q = q_lo / MASK_TILE; q < (q_hi + MASK_TILE - 1) / MASK_TILE; q++)
-            n += column[q * Tk] != 0;
-    }
-    return min(n, ORDER_THREADS - 1);
-}
-
-/* One block per (kv head, batch): order[(b H_kv + h) tiles + r] = its key tile of rank r,
- * heaviest first. A counting sort, a bucket per work; tiles of equal work (or past the cap)
- * take their ranks in any order, which may change from call to call: the results do not,
- * since each key tile writes its own dK_j, dV_j (dQ's atomics are unordered anyway). */
-static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_problem p, attn_args a,
-                                                                     int *order)
-{
-    __shared__ int next[ORDER_THREADS];   /* per bucket: its count, then its next rank */
-    __shared__ int before[ORDER_THREADS / WARP];
-    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP, h = blockIdx.x, b = blockIdx.y;
-    const int tiles = (p.N_k + MASK_TILE - 1) / MASK_TILE;
-    int *rank_to_tile = order + ((size_t)b * gridDim.x + h) * tiles;
-    next[t] = 0;
-    __syncthreads();
-    for (int i = t; i < tiles; i += ORDER_THREADS) atomicAdd(&next[tile_work(p, a, b, h, i)], 1);
-    __syncthreads();
-    /* Thread t takes bucket ORDER_THREADS-1-t, so that a prefix sum over the threads counts
-     * the heavier tiles: each bucket's first rank. A scan per warp, then over the warps. */
-    const int count = next[ORDER_THREADS - 1 - t];
-    int x = count;
-    for (int o = 1; o < WARP; o *= 2) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == WARP - 1) before[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        const int total = before[lane];
-        int y = total;
-        for (int o = 1; o < WARP; o *= 2) {
-            const int z = __shfl_up_sync(0xffffffffu, y, o);
-            if (lane >= o) y += z;
-        }
-        before[lane] = y - total;
-    }
-    __syncthreads();
-    next[ORDER_THREADS - 1 - t] = before[warp] + x - count;
-    __syncthreads();
-    for (int i = t; i < tiles; i += ORDER_THREADS)
-        rank_to_tile[atomicAdd(&next[tile_work(p, a, b, h, i)], 1)] = i;
-}
-
-/* This block's key tile: of rank blockIdx.x in its head's order, or (order NULL) tile
- * blockIdx.x. */
-static __device__ __forceinline__ int block_tile(const int *order)
-{
-    if (order) return order[((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x];
-    return (int)blockIdx.x;
 }
 
 /* Start loading one step of the backward loop into a stage: Q_i, dO_i (rows i0 .. i0+br-1 of
@@ -1250,24 +1276,27 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     return 0;
 }
 
-#if BWD_Bc != MASK_TILE
+#if BWD_Bc != MASK_TILE || Br != MASK_TILE
 #error "order_kernel counts mask tiles: a backward block's key tile must be one mask tile"
 #endif
 
-/* heavy_first's workspace: an int per backward block, with a block mask only. */
-static size_t order_bytes(const attn_problem *p)
+/* heavy_first's workspace: an int per block of the forward (keys = 1) or the backward, with a
+ * block mask only. */
+static size_t order_bytes(const attn_problem *p, int keys)
 {
-    return p->block_mask ? (size_t)attn_ceil_div(p->N_k, BWD_Bc) * p->H_kv * p->B * sizeof(int) : 0;
+    if (!p->block_mask) return 0;
+    return keys ? (size_t)attn_ceil_div(p->N_q, Br) * p->H * p->B * sizeof(int)
+                : (size_t)attn_ceil_div(p->N_k, BWD_Bc) * p->H_kv * p->B * sizeof(int);
 }
 
-/* With a block mask, *order = each kv head's key tiles, heaviest first, in ws (order_bytes);
- * without one, NULL (block x takes tile x). */
-static cudaError_t heavy_first(const attn_problem *p, const attn_args *a, void *ws, cudaStream_t s,
-                               const int **order)
+/* With a block mask, *order = each head's query tiles (keys = 1) or each kv head's key tiles,
+ * heaviest first, in ws (order_bytes); without one, NULL (block x takes tile x). */
+static cudaError_t heavy_first(const attn_problem *p, const attn_args *a, int keys, void *ws,
+                               cudaStream_t s, const int **order)
 {
     *order = NULL;
     if (!p->block_mask) return cudaSuccess;
-    order_kernel<<<dim3(p->H_kv, p->B), ORDER_THREADS, 0, s>>>(*p, *a, (int *)ws);
+    order_kernel<<<dim3(keys ? p->H : p->H_kv, p->B), ORDER_THREADS, 0, s>>>(*p, *a, keys, (int *)ws);
     ATTN_LAUNCH_CHECK();
     *order = (const int *)ws;
     return cudaSuccess;
@@ -1278,7 +1307,7 @@ static cudaError_t heavy_first(const attn_problem *p, const attn_args *a, void *
  * recomputed on chip from L. */
 static size_t workspace(const attn_problem *p, attn_dir dir)
 {
-    return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) + order_bytes(p) : 0;
+    return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) + order_bytes(p, 0) : order_bytes(p, 1);
 }
 
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
@@ -1288,7 +1317,9 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_q, Br), p->H, p->B);
-    kernel<<<grid, THREADS, smem, s>>>(*p, *a, diagonal_band(p));
+    const int *order;
+    ATTN_TRY(heavy_first(p, a, 1, a->ws, s, &order));
+    kernel<<<grid, THREADS, smem, s>>>(*p, *a, diagonal_band(p), order);
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }
@@ -1313,7 +1344,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
     const int *order;
-    ATTN_TRY(heavy_first(p, a, (char *)a->ws + D_bytes(p) + dq_acc_bytes(p), s, &order));
+    ATTN_TRY(heavy_first(p, a, 0, (char *)a->ws + D_bytes(p) + dq_acc_bytes(p), s, &order));
     kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc, diagonal_band(p), order);
     ATTN_LAUNCH_CHECK();
 
