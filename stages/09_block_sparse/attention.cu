@@ -7,26 +7,22 @@
  * - Masks (attn.h): causal, a sliding window W (--window) and a block mask of 128 x 128 tiles
  *   per (batch, head) (--mask, --block-mask), ANDed. visible_keys gives a row's keys [lo, hi);
  *   mask_scores applies the same rule element by element, as a band around the diagonal.
- * - Tile lists: a block first writes into shared memory one bit per mask tile its rows can
- *   reach, set where the block mask has a 1, and a second bit where the window, the diagonal or
- *   N_k cuts the tile (build_list: two ballots per 32 tiles); next_tile walks the first bitmap,
- *   and only tiles with the second bit run mask code. FlexAttention keeps the same two lists.
- * - Backward: per key tile, the lists of (query head of the GQA group, query tile); next_step
- *   walks them in 06's order (heads, then tiles), the loads one step ahead as before.
- * - With a block mask, a head's tiles start heaviest first (order_kernel), so no long one is
- *   last. The d = 128 forward keeps its row sums in shared memory to have the register for it.
- * - Masked scores start at -inf before the product (the mma keeps them there); the forward on
- *   sm_80 masks after it, as 06 does (MASK_FIRST: 06's d = 128 forward uses 254 of 255
- *   registers, and each order spills on one target). build_list is out of line for the same
- *   reason. With 06's tiles, an all-ones mask gives 06's bits.
+ * - Tile lists (build_list): one bit per reachable mask tile set where the block mask has a 1,
+ *   a second where the window, the diagonal or N_k cuts it; next_tile walks the first, and
+ *   only cut tiles run mask code (FlexAttention keeps the same two lists). The backward has
+ *   such lists per key tile, walked in 06's order (heads, then tiles) by next_step.
+ * - With a block mask, a head's tiles start heaviest first (order_kernel): no long one is last.
+ * - Registers: 06's d = 128 forward uses 254 of 255. build_list is out of line; masked scores
+ *   start at -inf before the product on sm_90, after it on sm_80 (MASK_FIRST); the d = 128
+ *   forward keeps its row sums in shared memory. No spill; an all-ones mask gives 06's bits.
  * - A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
  * Time: falls with the density; the rate on the visible pairs stays below dense 06_fa2's, the
  *   more so the sparser the mask (docs/09_block_sparse.md, generated).
- * Memory: as 06_fa2, plus the lists in shared memory: 2 ceil(N_k / 4096) words a forward block,
- *   2 (H / H_kv) ceil(N_q / 4096) words a backward block (2 KiB at N = 1M, H = H_kv), the
- *   forward's row sums (2 KiB a block); with a block mask, the order: an int per tile and head.
+ * Memory: as 06_fa2, plus in shared memory the lists (2 ceil(N_k / 4096) words a forward block,
+ *   2 (H / H_kv) ceil(N_q / 4096) a backward block) and the forward's row sums (2 KiB); with a
+ *   block mask, the order in the workspace: an int per tile and head.
  *
  * Run: make build/09_block_sparse && build/09_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
