@@ -54,7 +54,8 @@
 #endif
 
 /* Dynamic shared memory of the forward, 16-bit: Q_i [Br][d], then two stages of
- * K_j [Bc][d], V_j [Bc][d]; the tile list follows (list_bytes). */
+ * K_j [Bc][d], V_j [Bc][d], then the row sums (fp32, 4 a thread; used at d = 128 only); the
+ * tile list follows (list_bytes). */
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
 {
     return (size_t)(Br + 2 * 2 * Bc) * d * 2 + THREADS * 4 * sizeof(float);
