@@ -1299,9 +1299,9 @@ static cudaError_t heavy_first(const attn_problem *p, const attn_args *a, int ke
     return cudaSuccess;
 }
 
-/* Forward: nothing beyond L. Backward: D and (atomic dQ) the fp32 dQ accumulator, both O(N),
- * and the order of the key tiles (a block mask); no N x N buffer, since S_ij and P_ij are
- * recomputed on chip from L. */
+/* Forward: nothing beyond L but, with a block mask, the order of the query tiles. Backward: D
+ * and (atomic dQ) the fp32 dQ accumulator, both O(N), and the order of the key tiles; no
+ * N x N buffer, since S_ij and P_ij are recomputed on chip from L. */
 static size_t workspace(const attn_problem *p, attn_dir dir)
 {
     return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) + order_bytes(p, 0) : order_bytes(p, 1);
