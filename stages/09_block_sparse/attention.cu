@@ -1274,7 +1274,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
 }
 
 #if BWD_Bc != MASK_TILE || Br != MASK_TILE
-#error "order_kernel counts mask tiles: a backward block's key tile must be one mask tile"
+#error "order_kernel counts mask tiles: a forward and a backward block must each take one mask tile"
 #endif
 
 /* heavy_first's workspace: an int per block of the forward (keys = 1) or the backward, with a
