@@ -384,7 +384,9 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
                                             "pingpong", "nopingpong,nooverlap,nows,stages=1" };
     static const struct { int B, H, H_kv, N, d, causal, fp16; } shapes[] = {
         { 2, 4, 2, 1000, 128, 1, 0 }, { 1, 2, 2, 255, 64, 0, 1 }, { 2, 2, 1, 17, 256, 1, 0 },
-        { 1, 2, 2, 4097, 64, 1, 0 }, { 1, 2, 1, 300, 256, 0, 1 } };
+        { 1, 2, 2, 4097, 64, 1, 0 }, { 1, 2, 1, 300, 256, 0, 1 },
+        /* d = 128 without a causal mask: the 176-key tile, N not a multiple of it */
+        { 2, 4, 2, 1000, 128, 0, 0 }, { 1, 2, 2, 353, 128, 0, 1 } };
     int failures = 0, ran = 0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N,

@@ -16,10 +16,11 @@
  *   stages=1; pingpong turns it on at d = 256, where it is off by default.
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
  *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
- * Tiles: Bc = 128 keys (64 at d = 256), 2-stage rings, one block per SM; Br = 128 rows (two
- *   consumers, 240 registers a thread) at d = 128 and 256, 192 (three consumers, 160
- *   registers) at d = 64; the producer keeps 24.
- * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 160 KiB at d = 128.
+ * Tiles: Bc = 128 keys (FA-3's 176 at d = 128 without a causal mask; 64 at d = 256), 2-stage
+ *   rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at d = 128
+ *   and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
+ * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (160 KiB
+ *   causal).
  * Forward only; compute capability 9.0 only (sm_90a code).
  *
  * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
@@ -35,7 +36,7 @@
 
 #define QUAD    4     /* lanes that share a row of an accumulator */
 #define Br(d)   ((d) == 64 ? 192 : 128)   /* query rows per block: a Q_i tile */
-#define Bc(d)   ((d) <= 128 ? 128 : 64)   /* keys per K_j, V_j tile */
+#define BC_MAX  176   /* keys per K_j, V_j tile at most: key_tile() */
 #define CONSUMERS(d) (Br(d) / WG_ROWS)    /* consumer warpgroups, 64 query rows each */
 #define THREADS(d) ((1 + CONSUMERS(d)) * WARPGROUP)   /* and the producer (warpgroup 0) */
 #define STAGES  2     /* K_j (and V_j) buffers in each ring */
@@ -50,6 +51,15 @@
 #define MMA_N   8     /* columns of an accumulator tile (the layout is mma.sync's m16n8) */
 #define CHUNK   8     /* 16-bit elements in 16 bytes */
 #define D_MAX   256   /* largest head dim supported */
+
+/* Keys per K_j, V_j tile: 128 (64 at d = 256), and FA-3's 176 at d = 128 without a causal mask,
+ * where a wider tile spreads each step's fixed work (row max, rescaling O, the turn, the waits)
+ * over more keys; with a causal mask it would widen the masked diagonal instead (measured:
+ * docs/08_fa3.md). A literal in each kernel: bc. */
+static __host__ __device__ __forceinline__ int key_tile(int d, int causal)
+{
+    return d == 128 && !causal ? 176 : d <= 128 ? 128 : 64;
+}
 
 /* The schedule's switches (ATTN_FA3, parsed by the host). */
 typedef struct { int pingpong, overlap, ws, stages; } fa3_opts;
@@ -81,20 +91,20 @@ static __device__ __forceinline__ void trace(const attn_args *a, int step, int e
 #endif
 
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x
- * K_j [Bc][d]; STAGES x V_j [Bc][d]; then the mbarriers: Q's, and full K, full V, empty K,
+ * K_j [bc][d]; STAGES x V_j [bc][d]; then the mbarriers: Q's, and full K, full V, empty K,
  * empty V, STAGES of each. */
 typedef struct { uint32_t Q, K, V, bar_q, full_k, full_v, empty_k, empty_v; } fa3_smem;
 
-static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
+static __host__ __device__ __forceinline__ size_t smem_bytes(int d, int bc)
 {
-    return (size_t)(Br(d) + STAGES * 2 * Bc(d)) * d * 2 + (1 + 4 * STAGES) * sizeof(uint64_t);
+    return (size_t)(Br(d) + STAGES * 2 * bc) * d * 2 + (1 + 4 * STAGES) * sizeof(uint64_t);
 }
 
-static __device__ __forceinline__ fa3_smem smem_layout(int d)
+static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     fa3_smem m;
-    const uint32_t tile = Bc(d) * d * 2;
+    const uint32_t tile = bc * d * 2;
     m.Q = smem_u32(smem);
     m.K = m.Q + Br(d) * d * 2;
     m.V = m.K + STAGES * tile;
@@ -145,15 +155,15 @@ static __device__ __forceinline__ uint32_t ring_parity(int j, int stages)
     return (stages == 1 ? j : j >> 1) & 1;
 }
 
-/* The producer's two steps for tile j (keys j0 .. j0+Bc-1 of kv head h_kv): wait until every
+/* The producer's two steps for tile j (keys j0 .. j0+bc-1 of kv head h_kv): wait until every
  * consumer warp has released the ring stage tile j uses (its empty barrier's previous phase;
  * the first lap passes at once), arm the stage's full barrier with the tile's bytes and issue
  * one TMA load per 64-column box. One thread. */
 static __device__ __forceinline__ void load_tile(uint32_t ring, uint32_t full, uint32_t empty,
                                                  const CUtensorMap *map, int b, int h_kv, int j,
-                                                 int d, int stages)
+                                                 int d, int bc, int stages)
 {
-    const int bc = Bc(d), tile_bytes = bc * d * 2, s = ring_stage(j, stages);
+    const int tile_bytes = bc * d * 2, s = ring_stage(j, stages);
     mbar_wait(empty + 8 * s, ring_parity(j, stages) ^ 1);
     mbar_arrive_expect_tx(full + 8 * s, tile_bytes);
     for (int c = 0; c < d / BOX_COLS; c++)
@@ -207,15 +217,15 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
                                                      float o[][4], uint32_t pa[][4], float m[2],
                                                      float l[2], const int has_s, const int has_pv,
                                                      const int masked, const int overlap,
-                                                     const int d, const int fp16)
+                                                     const int d, const int bc, const int fp16)
 {
     const attn_problem p = *c->p;
-    const fa3_smem sm = smem_layout(d);   /* constants: the offsets of a fixed layout */
-    const int bc = Bc(d), tile_bytes = bc * d * 2, S = c->f->stages, lane = threadIdx.x % WARP;
+    const fa3_smem sm = smem_layout(d, bc);   /* constants: the offsets of a fixed layout */
+    const int tile_bytes = bc * d * 2, S = c->f->stages, lane = threadIdx.x % WARP;
     const int j0 = j * bc, st = ring_stage(j, S), pv = ring_stage(j + 1, S);   /* pv: tile j-1's */
     TRACE_AT(c->a, j, 0);
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
-        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, d, S);
+        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, d, bc, S);
     /* Both tiles have landed before the first wgmma: a wait loop between two wgmmas would be a
      * divergent path there. */
     if (has_s) mbar_wait(sm.full_k + 8 * st, ring_parity(j, S));
@@ -233,7 +243,8 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
             const uint64_t a_k = wgmma_desc(sm.Q + c->cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM) +
                                  ((box * Br(d) * BOX_ROW + in_box) >> 4);
             const uint64_t b_k = wgmma_desc(sm.K, 16, SWIZZLE_ATOM) + stage + ((box * bc * BOX_ROW + in_box) >> 4);
-            if (bc == 128) wgmma_ss_n128(&s[0][0], a_k, b_k, k > 0, fp16);
+            if (bc == 176)      wgmma_ss_n176(&s[0][0], a_k, b_k, k > 0, fp16);
+            else if (bc == 128) wgmma_ss_n128(&s[0][0], a_k, b_k, k > 0, fp16);
             else           wgmma_ss_n64(&s[0][0], a_k, b_k, k > 0, fp16);
         }
         wgmma_commit();
@@ -294,7 +305,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         if (lane == 0) mbar_arrive(sm.empty_v + 8 * pv);
     }
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
-        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, d, S);
+        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, d, bc, S);
     if (has_s) {
 #pragma unroll
         for (int n = 0; n < d / MMA_N; n++) {
@@ -318,7 +329,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
                                                const CUtensorMap *tmQ, const CUtensorMap *tmK,
                                                const CUtensorMap *tmV, const CUtensorMap *tmO,
                                                int cw, int i0, int Tc, const int overlap,
-                                               const int d, const int fp16)
+                                               const int d, const int bc, const int fp16)
 {
     const int warp = threadIdx.x / WARP % 4, lane = threadIdx.x % WARP;
     const int b = blockIdx.z, h = blockIdx.y;
@@ -334,8 +345,8 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         for (int k = 0; k < d / BOX_COLS; k++)
             tma_load_4d(sm.Q + k * Br(d) * BOX_ROW, tmQ, k * BOX_COLS, i0, h, b, sm.bar_q);
         for (int j = 0; j < f.stages - 1 && j < Tc; j++) {
-            load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, c.h_kv, j, d, f.stages);
-            load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, c.h_kv, j, d, f.stages);
+            load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, c.h_kv, j, d, bc, f.stages);
+            load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, c.h_kv, j, d, bc, f.stages);
         }
     }
 
@@ -347,8 +358,8 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     for (int n = 0; n < D_MAX / MMA_N; n++)
 #pragma unroll
         for (int k = 0; k < 4; k++) o[n][k] = 0.0f;
-    float s[128 / MMA_N][4];
-    uint32_t pa[128 / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
+    float s[BC_MAX / MMA_N][4];
+    uint32_t pa[BC_MAX / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
     mbar_wait(sm.bar_q, 0);
     /* Ping-pong: the last consumer hands consumer 0 its first turn; the turn then goes round,
      * 0, 1, (2,) 0, ... */
@@ -357,12 +368,12 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     /* Tiles 0 .. n_full-1 need no mask: every key inside N_k and, when causal, at or before
      * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
      * past N_k) take the masked copy of the step. */
-    const int n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / Bc(d));
-    if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, overlap, d, fp16);
-    else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, overlap, d, fp16);
-    for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, overlap, d, fp16);
-    for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, fp16);
-    consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, fp16);
+    const int n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / bc);
+    if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, overlap, d, bc, fp16);
+    else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, overlap, d, bc, fp16);
+    for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, overlap, d, bc, fp16);
+    for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, bc, fp16);
+    consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, bc, fp16);
     /* The last consumer's last arrive on consumer 0's barrier has no turn left to open: take
      * it, so that every named barrier ends as it started. */
     if (f.pingpong && cw == 0) bar_sync(BAR_TURN + 0, 2 * WARPGROUP);
@@ -395,21 +406,22 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
 
 /* One block: query tile i0 .. i0+Br-1 of head h, batch b; warpgroup 0 produces, the others
  * (2, or 3 at d = 64) consume.
- * d and fp16 are literals at each call site. */
-static __device__ __forceinline__ void tiled_attention(const attn_problem p, const attn_args a,
+ * d, bc and fp16 are literals at each call site. */
+static __device__ __forceinline__ void tiled_attention(attn_problem p, const attn_args a,
                                                        const fa3_opts f, const CUtensorMap *tmQ,
                                                        const CUtensorMap *tmK,
                                                        const CUtensorMap *tmV,
                                                        const CUtensorMap *tmO, const int overlap,
-                                                       const int d, const int fp16)
+                                                       const int d, const int bc, const int fp16)
 {
-    const fa3_smem sm = smem_layout(d);
+    if (bc == BC_MAX) p.causal = 0;   /* known to the compiler: the wide tile is never causal */
+    const fa3_smem sm = smem_layout(d, bc);
     const int wg = threadIdx.x / WARPGROUP;
     const int b = blockIdx.z, h = blockIdx.y, h_kv = h / (p.H / p.H_kv);
     /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail. */
     const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br(d);
     const int last_row = min(i0 + Br(d), p.N_q) - 1;
-    const int Tc = (visible_keys(p, last_row) + Bc(d) - 1) / Bc(d);
+    const int Tc = (visible_keys(p, last_row) + bc - 1) / bc;
 
     /* The barriers: Q's and the full ones complete on one arrive plus the bytes; an empty one
      * on one arrive per consumer warp. */
@@ -432,18 +444,26 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
             mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
             for (int c = 0; c < d / BOX_COLS; c++)
                 tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
+            /* K_j, then V_j. With the wide tile K_{j+1}, then V_j: FA-3's order, V one tile
+             * behind K (faster there, slower with the other tiles: docs/08_fa3.md). */
+            const int k_ahead = bc == BC_MAX;
+            if (k_ahead && Tc > 0)
+                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, 0, d, bc, f.stages);
             for (int j = 0; j < Tc; j++) {
                 TRACE_AT(&a, j, 0);
-                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, d, f.stages);
+                if (!k_ahead)
+                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, d, bc, f.stages);
+                else if (j + 1 < Tc)
+                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j + 1, d, bc, f.stages);
                 TRACE_AT(&a, j, 1);
-                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, d, f.stages);
+                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, d, bc, f.stages);
                 TRACE_AT(&a, j, 2);
             }
         }
     } else {
         if (CONSUMERS(d) == 3) SETMAXNREG_INC(CONSUMER_REGS_3);   /* d is a literal: one remains */
         else                   SETMAXNREG_INC(CONSUMER_REGS_2);
-        consume(p, a, f, sm, tmQ, tmK, tmV, tmO, wg - 1, i0, Tc, overlap, d, fp16);
+        consume(p, a, f, sm, tmQ, tmK, tmV, tmO, wg - 1, i0, Tc, overlap, d, bc, fp16);
     }
 }
 
@@ -453,35 +473,41 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 typedef void (*attention_fn)(attn_problem, attn_args, fa3_opts, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap);
-#define KERNEL(name, d, fp16, overlap)                                                          \
+#define KERNEL(name, d, bc, fp16, overlap)                                                      \
     static __global__ void __launch_bounds__(THREADS(d), 1)                                     \
     name(attn_problem p, attn_args a, fa3_opts f, const __grid_constant__ CUtensorMap tmQ,       \
          const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,       \
          const __grid_constant__ CUtensorMap tmO)                                                \
-    { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, d, fp16); }
-KERNEL(attention_64_bf16, 64, 0, 1)
-KERNEL(attention_64_fp16, 64, 1, 1)
-KERNEL(attention_128_bf16, 128, 0, 1)
-KERNEL(attention_128_fp16, 128, 1, 1)
-KERNEL(attention_256_bf16, 256, 0, 1)
-KERNEL(attention_256_fp16, 256, 1, 1)
+    { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, d, bc, fp16); }
+KERNEL(attention_64_bf16, 64, 128, 0, 1)
+KERNEL(attention_64_fp16, 64, 128, 1, 1)
+KERNEL(attention_128_bf16, 128, 128, 0, 1)
+KERNEL(attention_128_fp16, 128, 128, 1, 1)
+KERNEL(attention_128_bc176_bf16, 128, 176, 0, 1)
+KERNEL(attention_128_bc176_fp16, 128, 176, 1, 1)
+KERNEL(attention_256_bf16, 256, 64, 0, 1)
+KERNEL(attention_256_fp16, 256, 64, 1, 1)
 /* nooverlap: the softmax waits for both products (the ablation) */
-KERNEL(attention_64_bf16_nooverlap, 64, 0, 0)
-KERNEL(attention_64_fp16_nooverlap, 64, 1, 0)
-KERNEL(attention_128_bf16_nooverlap, 128, 0, 0)
-KERNEL(attention_128_fp16_nooverlap, 128, 1, 0)
-KERNEL(attention_256_bf16_nooverlap, 256, 0, 0)
-KERNEL(attention_256_fp16_nooverlap, 256, 1, 0)
+KERNEL(attention_64_bf16_nooverlap, 64, 128, 0, 0)
+KERNEL(attention_64_fp16_nooverlap, 64, 128, 1, 0)
+KERNEL(attention_128_bf16_nooverlap, 128, 128, 0, 0)
+KERNEL(attention_128_fp16_nooverlap, 128, 128, 1, 0)
+KERNEL(attention_128_bc176_bf16_nooverlap, 128, 176, 0, 0)
+KERNEL(attention_128_bc176_fp16_nooverlap, 128, 176, 1, 0)
+KERNEL(attention_256_bf16_nooverlap, 256, 64, 0, 0)
+KERNEL(attention_256_fp16_nooverlap, 256, 64, 1, 0)
 
 static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
 {
-    const int fp16 = p->dtype == ATTN_FP16;
+    const int fp16 = p->dtype == ATTN_FP16, wide = key_tile(p->d, p->causal) == BC_MAX;
     if (f->overlap) {
         if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
+        if (wide) return fp16 ? attention_128_bc176_fp16 : attention_128_bc176_bf16;
         if (p->d == 128) return fp16 ? attention_128_fp16 : attention_128_bf16;
         return fp16 ? attention_256_fp16 : attention_256_bf16;
     }
     if (p->d == 64) return fp16 ? attention_64_fp16_nooverlap : attention_64_bf16_nooverlap;
+    if (wide) return fp16 ? attention_128_bc176_fp16_nooverlap : attention_128_bc176_bf16_nooverlap;
     if (p->d == 128) return fp16 ? attention_128_fp16_nooverlap : attention_128_bf16_nooverlap;
     return fp16 ? attention_256_fp16_nooverlap : attention_256_bf16_nooverlap;
 }
@@ -552,7 +578,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "08_fa3 cannot query the device");
         return 1;
     }
-    const size_t smem = smem_bytes(p->d);
+    const size_t smem = smem_bytes(p->d, key_tile(p->d, p->causal));
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
@@ -604,13 +630,14 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     char why[ATTN_WHY_LEN];
     fa3_opts f;
     if (parse_opts(p, &f, why)) return cudaErrorInvalidValue;   /* check() said why */
-    const size_t smem = smem_bytes(p->d);
+    const int bc = key_tile(p->d, p->causal);
+    const size_t smem = smem_bytes(p->d, bc);
     const attention_fn kernel = pick_forward(p, &f);
-    /* Tensor maps: Q in boxes of Br rows, K and V of Bc keys, O of one warpgroup's 64 rows. */
+    /* Tensor maps: Q in boxes of Br rows, K and V of bc keys, O of one warpgroup's 64 rows. */
     CUtensorMap tmQ, tmK, tmV, tmO;
     if (hopper_tensor_map(&tmQ, a->q, p->dtype, p->d, p->N_q, p->H, p->B, Br(p->d)) ||
-        hopper_tensor_map(&tmK, a->k, p->dtype, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
-        hopper_tensor_map(&tmV, a->v, p->dtype, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
+        hopper_tensor_map(&tmK, a->k, p->dtype, p->d, p->N_k, p->H_kv, p->B, bc) ||
+        hopper_tensor_map(&tmV, a->v, p->dtype, p->d, p->N_k, p->H_kv, p->B, bc) ||
         hopper_tensor_map(&tmO, a->o, p->dtype, p->d, p->N_q, p->H, p->B, WG_ROWS))
         return cudaErrorInvalidValue;
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
