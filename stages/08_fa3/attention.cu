@@ -245,7 +245,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
             const uint64_t b_k = wgmma_desc(sm.K, 16, SWIZZLE_ATOM) + stage + ((box * bc * BOX_ROW + in_box) >> 4);
             if (bc == 176)      wgmma_ss_n176(&s[0][0], a_k, b_k, k > 0, fp16);
             else if (bc == 128) wgmma_ss_n128(&s[0][0], a_k, b_k, k > 0, fp16);
-            else           wgmma_ss_n64(&s[0][0], a_k, b_k, k > 0, fp16);
+            else                wgmma_ss_n64(&s[0][0], a_k, b_k, k > 0, fp16);
         }
         wgmma_commit();
     }
