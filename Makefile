@@ -10,6 +10,8 @@
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
 #   make bench / plots    plots/bench.sh then plots/bytes.sh (GPU), plots/plots.sh
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
+#   make ablation         plots/ablation.sh: stage 8 under each set of its ATTN_FA3 switches,
+#                         into docs/logs/ablation-08-<date>.csv (GPU)
 #   make profile STAGE=n [ARGS="..."]   plots/profile.sh: Nsight Compute's time, DRAM bytes,
 #                         occupancy, tensor pipe and stall reasons of stage n, one table (GPU)
 #   make diff STAGE=n     what stage n changes relative to its parent (the stage its header
@@ -75,7 +77,7 @@ TEST_BIN  := $(BUILD)/test_all
 STAGE_OBJS := $(patsubst %,$(OBJ)/%.stage.o,$(STAGES)) $(if $(CUBLAS_SRC),$(OBJ)/cublas.stage.o)
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all test test-run static-check sanitize bench bytes profile plots diff clean deps deps-test \
+.PHONY: all test test-run static-check sanitize bench bytes ablation profile plots diff clean deps deps-test \
         deps-plot deps-local deps-local-plot FORCE
 .SECONDARY:
 
@@ -178,6 +180,9 @@ bench: all
 
 bytes: all
 	sh plots/bytes.sh
+
+ablation: $(BUILD)/08_fa3
+	BUILD_DIR=$(BUILD) sh plots/ablation.sh
 
 profile: all
 	@[ -n "$(STAGE)" ] || { echo "usage: make profile STAGE=n [ARGS=\"--seqlen 8192 --dim 128 ...\"]"; exit 2; }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every stage program,
 # forward and backward, at small odd shapes (the 300-token ones big enough that tiled stages also
-# run tiles that need no mask, the 353-token one more than two of stage 8's 176-key tiles; the
-# head dim 256 one only the Hopper stages run; the last two, a window and a block mask, only the
-# stages with masks). Any finding fails; a shape a stage refuses (exit 2, e.g. a stage without a
+# run tiles that need no mask, the 353-token one more than two of stage 8's 176-key tiles, the
+# 4100-token causal one stage 8's causal 176-key tiles; the head dim 256 one only the Hopper
+# stages run; the last two, a window and a block mask, only the stages with masks). Any finding fails; a shape a stage refuses (exit 2, e.g. a stage without a
 # backward pass) is reported as skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
 set -u
@@ -14,6 +14,7 @@ shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 353 --dim 128"
         "--batch 1 --heads 2 --seqlen-q 17 --seqlen-k 45 --dim 64 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 128 --causal"
+        "--batch 1 --heads 1 --seqlen 4100 --dim 128 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 150 --dim 256 --causal --dtype fp16"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 64 --causal --window 70"
         "--batch 1 --heads 4 --kv-heads 2 --seqlen 300 --dim 128 --mask random:0.5")

@@ -13,14 +13,14 @@
  * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store.
  * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
  *   list of nopingpong, nooverlap, nows (the loads issued by a consumer thread, as in 07),
- *   stages=1; pingpong turns it on at d = 256, where it is off by default.
+ *   stages=1, bc=128 or bc=176 (the key tile at d = 128); pingpong turns it on at d = 256.
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
  *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
- * Tiles: Bc = 128 keys (FA-3's 176 at d = 128 without a causal mask; 64 at d = 256), 2-stage
+ * Tiles: Bc = 128 keys (FA-3's 176 at d = 128, causal from N_k = 4096; 64 at d = 256), 2-stage
  *   rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at d = 128
  *   and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
  * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (160 KiB
- *   causal).
+ *   with 128 keys).
  * Forward only; compute capability 9.0 only (sm_90a code).
  *
  * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
@@ -52,17 +52,20 @@
 #define CHUNK   8     /* 16-bit elements in 16 bytes */
 #define D_MAX   256   /* largest head dim supported */
 
-/* Keys per K_j, V_j tile: 128 (64 at d = 256), and FA-3's 176 at d = 128 without a causal mask,
- * where a wider tile spreads each step's fixed work (row max, rescaling O, the turn, the waits)
- * over more keys; with a causal mask it would widen the masked diagonal instead (measured:
- * docs/08_fa3.md). A literal in each kernel: bc. */
-static __host__ __device__ __forceinline__ int key_tile(int d, int causal)
+/* Keys per K_j, V_j tile: 128 (64 at d = 256), and FA-3's 176 at d = 128, where a wider tile
+ * spreads each step's fixed work (row max, rescaling O, the turn, the waits) over more keys;
+ * with a causal mask it also widens the masked diagonal, which costs more than it saves below
+ * WIDE_CAUSAL_MIN_N keys (measured: docs/08_fa3.md). A literal in each kernel: bc. */
+#ifndef WIDE_CAUSAL_MIN_N
+#define WIDE_CAUSAL_MIN_N 4096
+#endif
+static __host__ __forceinline__ int key_tile(int d, int causal, int N_k)
 {
-    return d == 128 && !causal ? 176 : d <= 128 ? 128 : 64;
+    return d == 128 && (!causal || N_k >= WIDE_CAUSAL_MIN_N) ? 176 : d <= 128 ? 128 : 64;
 }
 
 /* The schedule's switches (ATTN_FA3, parsed by the host). */
-typedef struct { int pingpong, overlap, ws, stages; } fa3_opts;
+typedef struct { int pingpong, overlap, ws, stages, bc; } fa3_opts;
 
 #ifdef TRACE
 /* The pipeline's timeline, built only with `make build/08_fa3 TRACE=1` (without it none of this
@@ -412,9 +415,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                                                        const CUtensorMap *tmK,
                                                        const CUtensorMap *tmV,
                                                        const CUtensorMap *tmO, const int overlap,
-                                                       const int d, const int bc, const int fp16)
+                                                       const int causal, const int d, const int bc,
+                                                       const int fp16)
 {
-    if (bc == BC_MAX) p.causal = 0;   /* known to the compiler: the wide tile is never causal */
+    if (causal >= 0) p.causal = causal;   /* a literal in the wide kernels (else ptxas spills) */
     const fa3_smem sm = smem_layout(d, bc);
     const int wg = threadIdx.x / WARPGROUP;
     const int b = blockIdx.z, h = blockIdx.y, h_kv = h / (p.H / p.H_kv);
@@ -469,58 +473,66 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
 
 /* One kernel per head dim and dtype, each with literals inside; the tensor maps are
  * __grid_constant__ parameters. One block of 3 warpgroups per SM (the cap at entry, 168
- * registers, is what setmaxnreg redistributes). */
+ * registers, is what setmaxnreg redistributes). causal: -1 read from p, 0 or 1 a literal. */
 typedef void (*attention_fn)(attn_problem, attn_args, fa3_opts, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap);
-#define KERNEL(name, d, bc, fp16, overlap)                                                      \
+#define KERNEL(name, d, bc, causal, fp16, overlap)                                              \
     static __global__ void __launch_bounds__(THREADS(d), 1)                                     \
     name(attn_problem p, attn_args a, fa3_opts f, const __grid_constant__ CUtensorMap tmQ,       \
          const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,       \
          const __grid_constant__ CUtensorMap tmO)                                                \
-    { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, d, bc, fp16); }
-KERNEL(attention_64_bf16, 64, 128, 0, 1)
-KERNEL(attention_64_fp16, 64, 128, 1, 1)
-KERNEL(attention_128_bf16, 128, 128, 0, 1)
-KERNEL(attention_128_fp16, 128, 128, 1, 1)
-KERNEL(attention_128_bc176_bf16, 128, 176, 0, 1)
-KERNEL(attention_128_bc176_fp16, 128, 176, 1, 1)
-KERNEL(attention_256_bf16, 256, 64, 0, 1)
-KERNEL(attention_256_fp16, 256, 64, 1, 1)
+    { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, causal, d, bc, fp16); }
+KERNEL(attention_64_bf16, 64, 128, -1, 0, 1)
+KERNEL(attention_64_fp16, 64, 128, -1, 1, 1)
+KERNEL(attention_128_bf16, 128, 128, -1, 0, 1)
+KERNEL(attention_128_fp16, 128, 128, -1, 1, 1)
+KERNEL(attention_128_bc176_bf16, 128, 176, 0, 0, 1)
+KERNEL(attention_128_bc176_fp16, 128, 176, 0, 1, 1)
+KERNEL(attention_128_bc176_causal_bf16, 128, 176, 1, 0, 1)
+KERNEL(attention_128_bc176_causal_fp16, 128, 176, 1, 1, 1)
+KERNEL(attention_256_bf16, 256, 64, -1, 0, 1)
+KERNEL(attention_256_fp16, 256, 64, -1, 1, 1)
 /* nooverlap: the softmax waits for both products (the ablation) */
-KERNEL(attention_64_bf16_nooverlap, 64, 128, 0, 0)
-KERNEL(attention_64_fp16_nooverlap, 64, 128, 1, 0)
-KERNEL(attention_128_bf16_nooverlap, 128, 128, 0, 0)
-KERNEL(attention_128_fp16_nooverlap, 128, 128, 1, 0)
-KERNEL(attention_128_bc176_bf16_nooverlap, 128, 176, 0, 0)
-KERNEL(attention_128_bc176_fp16_nooverlap, 128, 176, 1, 0)
-KERNEL(attention_256_bf16_nooverlap, 256, 64, 0, 0)
-KERNEL(attention_256_fp16_nooverlap, 256, 64, 1, 0)
+KERNEL(attention_64_bf16_nooverlap, 64, 128, -1, 0, 0)
+KERNEL(attention_64_fp16_nooverlap, 64, 128, -1, 1, 0)
+KERNEL(attention_128_bf16_nooverlap, 128, 128, -1, 0, 0)
+KERNEL(attention_128_fp16_nooverlap, 128, 128, -1, 1, 0)
+KERNEL(attention_128_bc176_bf16_nooverlap, 128, 176, 0, 0, 0)
+KERNEL(attention_128_bc176_fp16_nooverlap, 128, 176, 0, 1, 0)
+KERNEL(attention_128_bc176_causal_bf16_nooverlap, 128, 176, 1, 0, 0)
+KERNEL(attention_128_bc176_causal_fp16_nooverlap, 128, 176, 1, 1, 0)
+KERNEL(attention_256_bf16_nooverlap, 256, 64, -1, 0, 0)
+KERNEL(attention_256_fp16_nooverlap, 256, 64, -1, 1, 0)
 
 static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
 {
-    const int fp16 = p->dtype == ATTN_FP16, wide = key_tile(p->d, p->causal) == BC_MAX;
+    const int fp16 = p->dtype == ATTN_FP16, wide = f->bc == BC_MAX;
     if (f->overlap) {
         if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
+        if (wide && p->causal) return fp16 ? attention_128_bc176_causal_fp16 : attention_128_bc176_causal_bf16;
         if (wide) return fp16 ? attention_128_bc176_fp16 : attention_128_bc176_bf16;
         if (p->d == 128) return fp16 ? attention_128_fp16 : attention_128_bf16;
         return fp16 ? attention_256_fp16 : attention_256_bf16;
     }
     if (p->d == 64) return fp16 ? attention_64_fp16_nooverlap : attention_64_bf16_nooverlap;
+    if (wide && p->causal) return fp16 ? attention_128_bc176_causal_fp16_nooverlap : attention_128_bc176_causal_bf16_nooverlap;
     if (wide) return fp16 ? attention_128_bc176_fp16_nooverlap : attention_128_bc176_bf16_nooverlap;
     if (p->d == 128) return fp16 ? attention_128_fp16_nooverlap : attention_128_bf16_nooverlap;
     return fp16 ? attention_256_fp16_nooverlap : attention_256_bf16_nooverlap;
 }
 
 /* ATTN_FA3 (unset or empty: the defaults) into *f; 0, or 1 with why set for an unknown switch.
- * Defaults: everything on, 2 stages; ping-pong off at d = 256, where one warpgroup's 128 O
- * registers leave no room for the schedule to matter (measured: docs/08_fa3.md). */
+ * Defaults: everything on, 2 stages, key_tile's tile; ping-pong off at d = 256, where one
+ * warpgroup's 128 O registers leave no room for the schedule to matter (measured:
+ * docs/08_fa3.md). bc=128 or bc=176 chooses the key tile at d = 128. */
 static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
 {
     f->pingpong = p->d <= 128;
     f->overlap = 1;
     f->ws = 1;
     f->stages = STAGES;
+    f->bc = key_tile(p->d, p->causal, p->N_k);
     const char *env = getenv("ATTN_FA3");
     if (!env) return 0;
     char buf[256];
@@ -532,9 +544,16 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
         else if (!strcmp(t, "nows")) f->ws = 0;
         else if (!strcmp(t, "stages=1")) f->stages = 1;
         else if (!strcmp(t, "stages=2")) f->stages = 2;
-        else {
+        else if (!strcmp(t, "bc=128") || !strcmp(t, "bc=176")) {
+            if (p->d != 128) {
+                snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: the key tile is a choice at head dim 128 "
+                         "only (this problem's is %d)", env, p->d);
+                return 1;
+            }
+            f->bc = atoi(t + 3);
+        } else {
             snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: unknown switch '%s' (known: pingpong, "
-                     "nopingpong, nooverlap, nows, stages=1, stages=2)", env, t);
+                     "nopingpong, nooverlap, nows, stages=1, stages=2, bc=128, bc=176)", env, t);
             return 1;
         }
     }
@@ -578,7 +597,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "08_fa3 cannot query the device");
         return 1;
     }
-    const size_t smem = smem_bytes(p->d, key_tile(p->d, p->causal));
+    const size_t smem = smem_bytes(p->d, f.bc);
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
@@ -630,7 +649,7 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     char why[ATTN_WHY_LEN];
     fa3_opts f;
     if (parse_opts(p, &f, why)) return cudaErrorInvalidValue;   /* check() said why */
-    const int bc = key_tile(p->d, p->causal);
+    const int bc = f.bc;
     const size_t smem = smem_bytes(p->d, bc);
     const attention_fn kernel = pick_forward(p, &f);
     /* Tensor maps: Q in boxes of Br rows, K and V of bc keys, O of one warpgroup's 64 rows. */
@@ -655,7 +674,7 @@ ATTN_EXPORT const attn_stage stage_08_fa3 = {
     "08_fa3",
     "FlashAttention-3's forward: a TMA producer warpgroup, ping-pong consumers, softmax under the products",
     "head dim 64, 128 or 256; bf16, fp16; any N; causal; GQA; forward only; compute capability 9.0 "
-    "only; ATTN_FA3 switches (nopingpong, nooverlap, nows, stages=1) for the ablation",
+    "only; ATTN_FA3 switches (nopingpong, nooverlap, nows, stages=1, bc=128) for the ablation",
     90,
     check,
     workspace,

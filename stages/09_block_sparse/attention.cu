@@ -588,7 +588,10 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
         }
         j = j_next;
     }
-    cp_async_wait_all();   /* nothing is in flight, but leave no copy behind */
+    /* After a step nothing is in flight; with an empty list (a mask row of zeros) Q_i still
+     * is, its rows copied by every warp: all must land before a warp writes O_i over its own. */
+    cp_async_wait_all();
+    __syncthreads();
 
     /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2, written once. A row that saw a key has
      * l_i >= 1; one that saw none has l_i = 0 and m_i = -inf: O_i = 0 and L_i = -inf (attn.h),
