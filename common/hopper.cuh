@@ -257,10 +257,18 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
     for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i]) :: "memory");
 }
 
-/* Operand lists of the accumulators: "+f" of d[0..n-1], and the matching "{%0, ..., %n-1}". */
+/* Operand lists of the accumulators: "+f" of d[0..n-1] (read and written), "=f" (written
+ * only: a product whose scale_d is 0 does not read them), and the matching "{%0, ..., %n-1}". */
 #define WGMMA_D8(d)   "+f"((d)[0]), "+f"((d)[1]), "+f"((d)[2]), "+f"((d)[3]), \
                       "+f"((d)[4]), "+f"((d)[5]), "+f"((d)[6]), "+f"((d)[7])
+#define WGMMA_W8(d)   "=f"((d)[0]), "=f"((d)[1]), "=f"((d)[2]), "=f"((d)[3]), \
+                      "=f"((d)[4]), "=f"((d)[5]), "=f"((d)[6]), "=f"((d)[7])
+#define WGMMA_W32(d)  WGMMA_W8(d), WGMMA_W8((d) + 8), WGMMA_W8((d) + 16), WGMMA_W8((d) + 24)
+#define WGMMA_W40(d)  WGMMA_W32(d), WGMMA_W8((d) + 32)
+#define WGMMA_W64(d)  WGMMA_W32(d), WGMMA_W32((d) + 32)
+#define WGMMA_W88(d)  WGMMA_W64(d), WGMMA_W8((d) + 64), WGMMA_W8((d) + 72), WGMMA_W8((d) + 80)
 #define WGMMA_D32(d)  WGMMA_D8(d), WGMMA_D8((d) + 8), WGMMA_D8((d) + 16), WGMMA_D8((d) + 24)
+#define WGMMA_D40(d)  WGMMA_D32(d), WGMMA_D8((d) + 32)
 #define WGMMA_D64(d)  WGMMA_D32(d), WGMMA_D32((d) + 32)
 #define WGMMA_D88(d)  WGMMA_D64(d), WGMMA_D8((d) + 64), WGMMA_D8((d) + 72), WGMMA_D8((d) + 80)
 #define WGMMA_D128(d) WGMMA_D64(d), WGMMA_D64((d) + 64)
@@ -268,6 +276,10 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
 #define WGMMA_ACC_32 "{" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WGMMA_ACC_40 "{" \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39}"
 #define WGMMA_ACC_64 "{" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -308,10 +320,14 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
     ", " A2 ", " A3 "}, " B ", p, 1, 1, 1;\n}\n"
 
 /* One wrapper per shape, written by these two macros: wgmma_ss_n<N>(d, a, b, scale_d, fp16) and
- * wgmma_rs_n<N>(d, a[4], b, scale_d, fp16), d holding N/2 floats per thread. NACC, ACC and
- * DOUT are the accumulator count and lists above; the other arguments are the %-numbers of
- * the operands after them. fp16 is a literal at every call, so one asm statement remains. */
-#define WGMMA_SS_FN(N, NACC, ACC, DOUT, A, B, SC)                                                  \
+ * wgmma_rs_n<N>(d, a[4], b, scale_d, fp16), d holding N/2 floats per thread. NACC, ACC, DOUT
+ * and WOUT are the accumulator count and lists above; the other arguments are the %-numbers
+ * of the operands after them. fp16 is a literal at every call, so one asm statement remains.
+ * wgmma_ss_first_n<N>(d, a, b, fp16) is the first k-step of a product (scale_d 0) with the
+ * accumulators declared outputs only ("=f"): the compiler then need not keep their old values
+ * alive until the product is issued (with "+f" they are read, as far as it knows), which can
+ * free as many registers as the accumulators take. */
+#define WGMMA_SS_FN(N, NACC, ACC, DOUT, WOUT, A, B, SC)                                            \
     static __device__ __forceinline__ void wgmma_ss_n##N(float d[NACC], uint64_t a, uint64_t b,    \
                                                          int scale_d, int fp16)                    \
     {                                                                                              \
@@ -319,6 +335,12 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
                                : DOUT(d) : "l"(a), "l"(b), "r"(scale_d));                          \
         else      asm volatile(WGMMA_SS(#N, "bf16", ACC, A, B, SC)                                 \
                                : DOUT(d) : "l"(a), "l"(b), "r"(scale_d));                          \
+    }                                                                                              \
+    static __device__ __forceinline__ void wgmma_ss_first_n##N(float d[NACC], uint64_t a,          \
+                                                               uint64_t b, int fp16)               \
+    {                                                                                              \
+        if (fp16) asm volatile(WGMMA_SS(#N, "f16", ACC, A, B, SC) : WOUT(d) : "l"(a), "l"(b), "r"(0)); \
+        else      asm volatile(WGMMA_SS(#N, "bf16", ACC, A, B, SC) : WOUT(d) : "l"(a), "l"(b), "r"(0)); \
     }
 #define WGMMA_RS_FN(N, NACC, ACC, DOUT, A0, A1, A2, A3, B, SC)                                     \
     static __device__ __forceinline__ void wgmma_rs_n##N(float d[NACC], const uint32_t a[4],       \
@@ -332,10 +354,12 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
                                  "r"(scale_d));                                                    \
     }
 
-/* m64n64k16, m64n128k16 and m64n176k16 with both operands from shared memory (S = Q Kᵀ). */
-WGMMA_SS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, "%32", "%33", "%34")
-WGMMA_SS_FN(128, 64, WGMMA_ACC_64, WGMMA_D64, "%64", "%65", "%66")
-WGMMA_SS_FN(176, 88, WGMMA_ACC_88, WGMMA_D88, "%88", "%89", "%90")
+/* m64n64k16, m64n80k16, m64n128k16 and m64n176k16 with both operands from shared memory
+ * (S = Q Kᵀ). */
+WGMMA_SS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, WGMMA_W32, "%32", "%33", "%34")
+WGMMA_SS_FN(80, 40, WGMMA_ACC_40, WGMMA_D40, WGMMA_W40, "%40", "%41", "%42")
+WGMMA_SS_FN(128, 64, WGMMA_ACC_64, WGMMA_D64, WGMMA_W64, "%64", "%65", "%66")
+WGMMA_SS_FN(176, 88, WGMMA_ACC_88, WGMMA_D88, WGMMA_W88, "%88", "%89", "%90")
 
 /* m64n64k16, m64n128k16 and m64n256k16 with A from registers (O += P V, N = d). */
 WGMMA_RS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, "%32", "%33", "%34", "%35", "%36", "%37")

@@ -124,12 +124,12 @@ else
     ABLATIONS=$(printf '%s\n' docs/logs/ablation-08-*.csv |
         sed -n 's/.*-\([0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][a-z]*\)\.csv$/\1 &/p' | LC_ALL=C sort -r | cut -d ' ' -f 2)
 fi
-D256_CSV=docs/logs/d256-2026-11-30.csv
+D256_CSV=docs/logs/d256-2026-11-30b.csv
 TILE_LOG=docs/logs/probe-08-tile-order-2026-11-30.log
 TILE_RUN=4    # its run of the key-tile builds, interleaved rounds
 NCU_RUN=10    # its run with the stage's own profile beside cuDNN's order
 TRACES=plots/results/trace/$(basename "$MAIN" .csv)-08_fa3   # -default.csv, -nopingpong.csv
-SASS_LOGS="docs/logs/sass-08-2026-11-30.txt docs/logs/sass-08-bc176-2026-11-30.txt docs/logs/sass-08-2026-11-30c.txt"
+SASS_LOGS="docs/logs/sass-08-2026-11-30.txt docs/logs/sass-08-bc176-2026-11-30.txt docs/logs/sass-08-2026-11-30c.txt docs/logs/sass-08-2026-11-30d.txt"
 PROFILE_MD=docs/logs/profile-2026-11-30.md
 PROFILE_ARGS="--batch 2 --heads 16 --seqlen 8192 --dim 128"
 CUDNN_NCU=docs/logs/ncu/cudnn-vs-08-d128-N8192-2026-11-30.txt
@@ -483,7 +483,8 @@ gen() {
         # column per stage in the order of the file
         function table_d256(   line, f, st, nst, stseen, r, nr, rkey, val, shape, i, j, k, x, row) {
             while ((getline line < d256f) > 0) {
-                if (split(line, f, ",") < 15 || f[3] != "forward") continue   # the header
+                # the header, and the ceiling rows (not stages) a bench run adds
+                if (split(line, f, ",") < 15 || f[3] != "forward" || f[2] ~ /^ceiling_/) continue
                 if (!(f[2] in stseen)) { stseen[f[2]] = 1; st[++nst] = f[2] }
                 k = f[11] SUBSEP f[8]
                 if (!(k in rkey)) { rkey[k] = f[11] * 1e9 + f[8]; r[++nr] = k }
@@ -569,7 +570,7 @@ gen() {
             row = "|---|"; for (j = 1; j <= nv; j++) row = row "--:|"
             out(row)
             for (i = 1; i <= na; i++) {
-                row = "| `" a[i] "` |"
+                row = "| `" a[i] "` |"; m0 = 0
                 for (j = 1; j <= nv; j++) {
                     k = a[i] SUBSEP v[j]
                     if (!(k in cnt)) { row = row " - |"; continue }

@@ -3,8 +3,9 @@
 # forward and backward, at small odd shapes (the 300-token ones big enough that tiled stages also
 # run tiles that need no mask, the 353-token one more than two of stage 8's 176-key tiles, the
 # 4100-token causal one stage 8's causal 176-key tiles; the head dim 256 one only the Hopper
-# stages run; the last two, a window and a block mask, only the stages with masks). Any finding fails; a shape a stage refuses (exit 2, e.g. a stage without a
-# backward pass) is reported as skipped.
+# stages run; the last two, a window and a block mask, only the stages with masks). Any finding
+# fails; a shape a stage refuses (exit 2, e.g. a stage without a backward pass) is reported as
+# skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
 set -u
 san=$1 build=$2; shift 2

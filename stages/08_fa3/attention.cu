@@ -13,14 +13,14 @@
  * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store.
  * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
  *   list of nopingpong, nooverlap, nows (the loads issued by a consumer thread, as in 07),
- *   stages=1, bc=128 or bc=176 (the key tile at d = 128); pingpong turns it on at d = 256.
+ *   stages=1, bc=N (another key tile of the head dim's); pingpong turns it on at d = 256.
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
  *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
- * Tiles: Bc = 128 keys (FA-3's 176 at d = 128, causal from N_k = 4096; 64 at d = 256), 2-stage
- *   rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at d = 128
+ * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (causal from N_k = 4096) and 80 at d = 256;
+ *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at d = 128
  *   and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
  * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (160 KiB
- *   with 128 keys).
+ *   with 128 keys), 224 KiB at d = 256.
  * Forward only; compute capability 9.0 only (sm_90a code).
  *
  * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
@@ -52,16 +52,16 @@
 #define CHUNK   8     /* 16-bit elements in 16 bytes */
 #define D_MAX   256   /* largest head dim supported */
 
-/* Keys per K_j, V_j tile: 128 (64 at d = 256), and FA-3's 176 at d = 128, where a wider tile
+/* Keys per K_j, V_j tile: 128, and FA-3's 176 at d = 128 and 80 at d = 256, where a wider tile
  * spreads each step's fixed work (row max, rescaling O, the turn, the waits) over more keys;
- * with a causal mask it also widens the masked diagonal, which costs more than it saves below
- * WIDE_CAUSAL_MIN_N keys (measured: docs/08_fa3.md). A literal in each kernel: bc. */
+ * with a causal mask it also widens the masked diagonal, which at d = 128 costs more than it
+ * saves below WIDE_CAUSAL_MIN_N keys (measured: docs/08_fa3.md). A literal in each kernel: bc. */
 #ifndef WIDE_CAUSAL_MIN_N
 #define WIDE_CAUSAL_MIN_N 4096
 #endif
 static __host__ __forceinline__ int key_tile(int d, int causal, int N_k)
 {
-    return d == 128 && (!causal || N_k >= WIDE_CAUSAL_MIN_N) ? 176 : d <= 128 ? 128 : 64;
+    return d == 128 && (!causal || N_k >= WIDE_CAUSAL_MIN_N) ? 176 : d <= 128 ? 128 : 80;
 }
 
 /* The schedule's switches (ATTN_FA3, parsed by the host). */
@@ -247,6 +247,12 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
                                  ((box * Br(d) * BOX_ROW + in_box) >> 4);
             const uint64_t b_k = wgmma_desc(sm.K, 16, SWIZZLE_ATOM) + stage + ((box * bc * BOX_ROW + in_box) >> 4);
             if (bc == 176)      wgmma_ss_n176(&s[0][0], a_k, b_k, k > 0, fp16);
+            /* The 80-key tile's first k-step declares S written only: S of the last step is
+             * then dead once packed into P, which frees the registers this tile needs (with
+             * the read-write form the kernel spills; elsewhere the form only moved the
+             * schedule, d = 64 causal 2% slower: docs/08_fa3.md). */
+            else if (bc == 80 && k == 0) wgmma_ss_first_n80(&s[0][0], a_k, b_k, fp16);
+            else if (bc == 80)  wgmma_ss_n80(&s[0][0], a_k, b_k, 1, fp16);
             else if (bc == 128) wgmma_ss_n128(&s[0][0], a_k, b_k, k > 0, fp16);
             else                wgmma_ss_n64(&s[0][0], a_k, b_k, k > 0, fp16);
         }
@@ -493,6 +499,8 @@ KERNEL(attention_128_bc176_causal_bf16, 128, 176, 1, 0, 1)
 KERNEL(attention_128_bc176_causal_fp16, 128, 176, 1, 1, 1)
 KERNEL(attention_256_bf16, 256, 64, -1, 0, 1)
 KERNEL(attention_256_fp16, 256, 64, -1, 1, 1)
+KERNEL(attention_256_bc80_bf16, 256, 80, -1, 0, 1)
+KERNEL(attention_256_bc80_fp16, 256, 80, -1, 1, 1)
 /* nooverlap: the softmax waits for both products (the ablation) */
 KERNEL(attention_64_bf16_nooverlap, 64, 128, -1, 0, 0)
 KERNEL(attention_64_fp16_nooverlap, 64, 128, -1, 1, 0)
@@ -504,28 +512,33 @@ KERNEL(attention_128_bc176_causal_bf16_nooverlap, 128, 176, 1, 0, 0)
 KERNEL(attention_128_bc176_causal_fp16_nooverlap, 128, 176, 1, 1, 0)
 KERNEL(attention_256_bf16_nooverlap, 256, 64, -1, 0, 0)
 KERNEL(attention_256_fp16_nooverlap, 256, 64, -1, 1, 0)
+KERNEL(attention_256_bc80_bf16_nooverlap, 256, 80, -1, 0, 0)
+KERNEL(attention_256_bc80_fp16_nooverlap, 256, 80, -1, 1, 0)
 
 static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
 {
-    const int fp16 = p->dtype == ATTN_FP16, wide = f->bc == BC_MAX;
+    const int fp16 = p->dtype == ATTN_FP16, wide = f->bc == 176;
     if (f->overlap) {
         if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
         if (wide && p->causal) return fp16 ? attention_128_bc176_causal_fp16 : attention_128_bc176_causal_bf16;
         if (wide) return fp16 ? attention_128_bc176_fp16 : attention_128_bc176_bf16;
         if (p->d == 128) return fp16 ? attention_128_fp16 : attention_128_bf16;
+        if (f->bc == 80) return fp16 ? attention_256_bc80_fp16 : attention_256_bc80_bf16;
         return fp16 ? attention_256_fp16 : attention_256_bf16;
     }
     if (p->d == 64) return fp16 ? attention_64_fp16_nooverlap : attention_64_bf16_nooverlap;
     if (wide && p->causal) return fp16 ? attention_128_bc176_causal_fp16_nooverlap : attention_128_bc176_causal_bf16_nooverlap;
     if (wide) return fp16 ? attention_128_bc176_fp16_nooverlap : attention_128_bc176_bf16_nooverlap;
     if (p->d == 128) return fp16 ? attention_128_fp16_nooverlap : attention_128_bf16_nooverlap;
+    if (f->bc == 80) return fp16 ? attention_256_bc80_fp16_nooverlap : attention_256_bc80_bf16_nooverlap;
     return fp16 ? attention_256_fp16_nooverlap : attention_256_bf16_nooverlap;
 }
 
 /* ATTN_FA3 (unset or empty: the defaults) into *f; 0, or 1 with why set for an unknown switch.
  * Defaults: everything on, 2 stages, key_tile's tile; ping-pong off at d = 256, where one
  * warpgroup's 128 O registers leave no room for the schedule to matter (measured:
- * docs/08_fa3.md). bc=128 or bc=176 chooses the key tile at d = 128. */
+ * docs/08_fa3.md). bc=N chooses another key tile of the head dim (128 or 176 at d = 128, 64 or 80
+ * at d = 256). */
 static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
 {
     f->pingpong = p->d <= 128;
@@ -544,16 +557,18 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
         else if (!strcmp(t, "nows")) f->ws = 0;
         else if (!strcmp(t, "stages=1")) f->stages = 1;
         else if (!strcmp(t, "stages=2")) f->stages = 2;
-        else if (!strcmp(t, "bc=128") || !strcmp(t, "bc=176")) {
-            if (p->d != 128) {
-                snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: the key tile is a choice at head dim 128 "
-                         "only (this problem's is %d)", env, p->d);
+        else if (!strncmp(t, "bc=", 3)) {
+            const int bc = atoi(t + 3), d = p->d;
+            if (!(d == 64 && bc == 128) && !(d == 128 && (bc == 128 || bc == 176)) &&
+                !(d == 256 && (bc == 64 || bc == 80))) {
+                snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: key tile '%s' is not one of head dim %d's "
+                         "(64: 128; 128: 128, 176; 256: 64, 80)", env, t + 3, d);
                 return 1;
             }
-            f->bc = atoi(t + 3);
+            f->bc = bc;
         } else {
             snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: unknown switch '%s' (known: pingpong, "
-                     "nopingpong, nooverlap, nows, stages=1, stages=2, bc=128, bc=176)", env, t);
+                     "nopingpong, nooverlap, nows, stages=1, stages=2, bc=N)", env, t);
             return 1;
         }
     }
