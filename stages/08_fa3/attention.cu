@@ -17,8 +17,8 @@
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
  *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
  * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (causal from N_k = 4096) and 80 at d = 256;
- *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at d = 128
- *   and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
+ *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at
+ *   d = 128 and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
  * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (160 KiB
  *   with 128 keys), 224 KiB at d = 256.
  * Forward only; compute capability 9.0 only (sm_90a code).
