@@ -36,12 +36,26 @@
 #                      measured written, modelled read + written, measured / modelled
 #   bytes              every stage of the bytes CSV side by side: measured read + written per
 #                      N, and in brackets measured / modelled
-# and for stage 8's lesson, tables of the logs it quotes (the files are set below the header;
-# each caption names its file):
+# and tables of the logs the lessons quote (the files are set below the header; each caption
+# names its files):
 #   ab FILE            an A/B log of interleaved rounds (FILE from the repository root; lines
 #                      "round R | ARGS | VARIANT | MS ms ...", other lines ignored): ms per call
 #                      per ARGS (rows) and VARIANT (columns), the median over the rounds, and
 #                      in brackets the ratio to the first column
+#   STAGE sass         static SASS counts of STAGE's kernels, a kernel a row and a column per
+#                      instruction (or the other way round), from SASS_TABLES's logs, kernels and
+#                      columns for STAGE (06_fa2: its forward and backward at d = 128; 07_wgmma,
+#                      08_fa3: the bf16 forward kernels: HGMMA per shape, TMA loads, mbarrier or
+#                      named-barrier operations, setmaxnreg, ex2)
+#   STAGE ncu          Nsight Compute (plots/profile.sh's tables in docs/logs/profile-2026-11-30.md)
+#                      of the stage before STAGE (its number less one) and of STAGE at PROFILE_ARGS:
+#                      kernel time, occupancy, tensor pipe, the largest stall reasons
+#   STAGE ncu vs OTHER Nsight Compute's reports (NCU_REPORTS, under docs/logs/ncu/) of the forward
+#                      and backward kernels of STAGE and OTHER: duration, SM clock, instructions per
+#                      cycle, theoretical occupancy
+#   STAGE deterministic  the backward with atomic dQ beside --deterministic (DETERMINISTIC_CSV, the
+#                      sweep's columns, a note "deterministic" on the --deterministic rows): ms (2
+#                      decimals) and workspace per head dim and masking
 #   08_fa3 ablation    TFLOP/s per set of ATTN_FA3 switches (rows, in plots/ablation.sh's order),
 #                      N = 8192: d = 128, causal, d = 64, causal, d = 256; from one CSV of
 #                      plots/ablation.sh: ABLATION_CSV (a path from the repository root), else the
@@ -56,12 +70,6 @@
 #   08_fa3 timeline    SM cycles of each phase of a consumer warpgroup's step (plots/timeline.sh's
 #                      phases), the mean over steps 2-45 of block 0, from this GPU's traces
 #                      plots/results/trace/<gpu>-08_fa3-default.csv and -nopingpong.csv
-#   08_fa3 sass        static SASS counts of the bf16 forward kernels (HGMMA per shape, TMA loads /
-#                      stores, setmaxnreg, named-barrier syncs / arrives, ex2), each kernel from the
-#                      last file of SASS_LOGS that has it
-#   08_fa3 ncu         Nsight Compute (plots/profile.sh's tables in docs/logs/profile-2026-11-30.md)
-#                      of 07_wgmma and 08_fa3 at PROFILE_ARGS: kernel time, occupancy, tensor pipe,
-#                      the largest stall reasons
 #   08_fa3 ncu cudnn   Nsight Compute beside cuDNN: time, SM clock, cycles (their product), tensor
 #                      pipe, L2 throughput (docs/logs/ncu/cudnn-vs-08-d128-N8192-2026-11-30.txt;
 #                      the stage as it is: run 10 of the probe log above)
@@ -116,7 +124,7 @@ $(cat plots/masks.awk)" || exit 2
 MASKS_REF=${MASKS_REF:-06_fa2}
 # Stages renamed since the lessons' markers were written: old=new, space-separated.
 RENAMED="05_fa2=06_fa2"
-# The logs behind the "08_fa3 ..." tables (see above). The ablation: ABLATION_CSV, else the
+# The logs behind the tables of logs (see above). The ablation: ABLATION_CSV, else the
 # candidates, newest first (by the date in the name; a letter after it, a later run that day).
 ABLATION_SETS=$(sh plots/ablation.sh --sets) || exit 2
 if [ -n "${ABLATION_CSV:-}" ]; then ABLATIONS=$ABLATION_CSV
@@ -129,10 +137,50 @@ TILE_LOG=docs/logs/probe-08-tile-order-2026-11-30.log
 TILE_RUN=4    # its run of the key-tile builds, interleaved rounds
 NCU_RUN=10    # its run with the stage's own profile beside cuDNN's order
 TRACES=plots/results/trace/$(basename "$MAIN" .csv)-08_fa3   # -default.csv, -nopingpong.csv
-SASS_LOGS="docs/logs/sass-08-2026-11-30.txt docs/logs/sass-08-bc176-2026-11-30.txt docs/logs/sass-08-2026-11-30c.txt docs/logs/sass-08-2026-11-30d.txt"
+# The "STAGE sass" tables, a line "STAGE KEY VALUE" per setting. logs: the files (a kernel's
+# counts come from the last file that has it); kernels: an awk regex on the kernels' names, then
+# " | " and what the caption calls them; then a line "col" per column (a kernel a row) or "row"
+# per row (an instruction a row, a kernel a column): "[HEADER = ]INSTRUCTIONS | X". INSTRUCTIONS
+# are joined by " / " (a count each) or " + " (their sum); each counts the instructions of that
+# name or of a name that begins with it and a dot (BAR.SYNC: BAR.SYNC.DEFER_BLOCKING); PREFIX.*
+# lists PREFIX's by the next part of their name ("COUNT × SHAPE" for HGMMA, "PART COUNT" else).
+# HEADER is INSTRUCTIONS where left out. X is a column's alignment (l, r), or a row's "what it is".
+SASS_TABLES=$(cat <<'EOF'
+06_fa2 logs docs/logs/sass-05-2026-11-29f.txt
+06_fa2 kernels ^(attention_128|backward_128_64)_bf16$ | the bf16 kernels of head dim 128, forward and backward, sm_90
+06_fa2 row HMMA.16816.F32.BF16 | `mma.sync.m16n8k16`
+06_fa2 row LDSM.16.M88.4 | `ldmatrix.x4`
+06_fa2 row LDSM.16.MT88.4 | `ldmatrix.x4.trans`
+06_fa2 row LDGSTS.E.BYPASS.128 | 16-byte `cp.async.cg`
+06_fa2 row MUFU.EX2 | `ex2.approx`
+06_fa2 row SHFL.BFLY | the quad's max and sum
+06_fa2 row REDG.E.ADD.F32.FTZ.RN.STRONG.GPU | the dQ `atomicAdd`s
+06_fa2 row BAR.SYNC.DEFER_BLOCKING | barriers
+07_wgmma logs docs/logs/sass-07-2026-11-30.txt
+07_wgmma kernels ^attention_[0-9]+(_[a-z0-9]+)*_bf16$ | the bf16 forward kernels
+07_wgmma col HGMMA = HGMMA.* | l
+07_wgmma col UTMALDG.4D | r
+07_wgmma col SYNCS EXCH / ARRIVE / PHASECHK (mbarrier) = SYNCS.EXCH / SYNCS.ARRIVE / SYNCS.PHASECHK | l
+07_wgmma col MUFU.EX2 | r
+07_wgmma col HMMA, LDSM = HMMA + LDSM | r
+08_fa3 logs docs/logs/sass-08-2026-11-30.txt docs/logs/sass-08-bc176-2026-11-30.txt docs/logs/sass-08-2026-11-30c.txt docs/logs/sass-08-2026-11-30d.txt
+08_fa3 kernels ^attention_[0-9]+(_[a-z0-9]+)*_bf16$ | the bf16 forward kernels
+08_fa3 col HGMMA = HGMMA.* | l
+08_fa3 col UTMALDG / UTMASTG | r
+08_fa3 col USETMAXREG = USETMAXREG.* | l
+08_fa3 col BAR.SYNC / BAR.ARV | l
+08_fa3 col MUFU.EX2 | r
+EOF
+)
 PROFILE_MD=docs/logs/profile-2026-11-30.md
 PROFILE_ARGS="--batch 2 --heads 16 --seqlen 8192 --dim 128"
 CUDNN_NCU=docs/logs/ncu/cudnn-vs-08-d128-N8192-2026-11-30.txt
+# The "STAGE ncu vs OTHER" tables: ncu's reports, a line "STAGE DIRECTION FILE" each
+NCU_REPORTS="06_fa2 forward docs/logs/ncu/05_fa2-forward-d128-N8192-2026-11-29c.txt
+torch_flash forward docs/logs/ncu/torch_flash-forward-d128-N8192.txt
+06_fa2 backward docs/logs/ncu/05_fa2-backward-d128-N8192-2026-11-29c.txt
+torch_flash backward docs/logs/ncu/torch_flash-backward-d128-N8192.txt"
+DETERMINISTIC_CSV=docs/logs/deterministic-05-2026-11-29g.csv
 
 # gen DOC: copies DOC to stdout with every marked block regenerated. With PRINT_ONLY=1 only
 # the generated lines are printed. Exit status 2 on an unknown SPEC or a block without end.
@@ -144,8 +192,9 @@ gen() {
         -v src_masks="$SRC_MASKS" -v mruns="$MRUNS" -v mref="$MASKS_REF" \
         -v ablations="$ABLATIONS" -v ablation_env="${ABLATION_CSV:-}" -v asets="$ABLATION_SETS" \
         -v d256f="$D256_CSV" -v tilelog="$TILE_LOG" -v tile_run="$TILE_RUN" -v ncu_run="$NCU_RUN" \
-        -v traces="$TRACES" -v sass_logs="$SASS_LOGS" -v prof_md="$PROFILE_MD" \
-        -v prof_args="$PROFILE_ARGS" -v cudnn_ncu="$CUDNN_NCU" "$MODELS"'
+        -v traces="$TRACES" -v sass_tables="$SASS_TABLES" -v prof_md="$PROFILE_MD" \
+        -v prof_args="$PROFILE_ARGS" -v cudnn_ncu="$CUDNN_NCU" \
+        -v ncu_reports="$NCU_REPORTS" -v det_csv="$DETERMINISTIC_CSV" "$MODELS"'
         # 3 significant digits, no exponent: 0.903, 30.1, 335, 1234
         function sig3(x,   r, e) {
             if (x == 0) return "0"
@@ -402,7 +451,7 @@ gen() {
             out("")
             out(bytes_source("read + written, " bytes_shape() "; in brackets: measured / modelled (plots/bytes_model.awk)"))
         }
-        # ---- stage 8'"'"'s tables of logs (docs/08_fa3.md): files outside the sweep, read when asked
+        # ---- the tables of logs (the lessons of stages 6 to 8): files outside the sweep, read when asked
         # the caption line under such a table
         function logs_source(what, files) {
             return "*" what "; " files "; generated by `plots/docs_tables.sh`; do not edit.*"
@@ -618,84 +667,149 @@ gen() {
             out("")
             out(logs_source("SM cycles, the mean over steps 2-45 of block 0 of each phase of a consumer warpgroup'"'"'s step (the clock64 stamps of `make build/08_fa3 TRACE=1`; the phases of plots/timeline.sh), ping-pong on (the default) and off", files))
         }
-        # one count of a SASS log: kernel k, instruction ins; a kernel'"'"'s counts come from the last
-        # file that has it (a later file replaces the earlier file'"'"'s)
-        function sass_count(k, ins, c, file,   x, y, z, nz) {
-            if (k !~ /^attention_[0-9]+(_[a-z0-9]+)*_bf16$/) return   # the bf16 forward kernels
+        # a setting of the tables of logs: the values of the lines "S KEY VALUE" of text into
+        # v[1..n] (in their order); returns n
+        function conf(text, s, key, v,   l, n, i, m) {
+            n = split(text, l, "\n"); m = 0; split("", v)
+            for (i = 1; i <= n; i++) if (index(l[i], s " " key " ") == 1) v[++m] = substr(l[i], length(s " " key " ") + 1)
+            return m
+        }
+        # a kernel'"'"'s name from its mangled one (_Z18attention_128_bf1612attn_problem...)
+        function demangle(m) {
+            if (!match(m, /^_Z[0-9]+/)) return ""
+            return substr(m, RLENGTH + 1, substr(m, 3, RLENGTH - 2))
+        }
+        # one count of a SASS log: kernel k (if it matches re), instruction ins (its whole name); a
+        # kernel'"'"'s counts come from the last file that has it (a later file replaces the earlier file'"'"'s)
+        function sass_count(k, ins, c, file, re,   x, y, z, nz) {
+            if (k !~ re) return
             if ((k in sfile) && sfile[k] != file) {
                 nz = 0; for (x in scnt) { split(x, y, SUBSEP); if (y[1] == k) z[++nz] = x }
                 for (x = 1; x <= nz; x++) delete scnt[z[x]]
             }
             sfile[k] = file
-            split(ins, y, ".")
-            if (y[1] == "HGMMA" || y[1] == "USETMAXREG" || y[1] == "BAR" || y[1] == "MUFU") y[1] = y[1] "." y[2]
-            else if (y[1] != "UTMALDG" && y[1] != "UTMASTG") return
-            scnt[k, y[1]] += c
+            scnt[k, ins] += c
         }
-        # the counts of kernel k whose instruction starts with pre, "COUNT × REST" (HGMMA: by the
-        # shape'"'"'s N) or "REST COUNT", joined by ", "
-        function sass_list(k, pre, hg,   x, y, a, key, n, i, mnk, s) {
+        # whether instruction ins is pre or begins with pre and a dot (BAR.SYNC: BAR.SYNC.DEFER_BLOCKING)
+        function sass_is(ins, pre) { return ins == pre || index(ins, pre ".") == 1 }
+        # kernel k'"'"'s count of the instructions pre (sass_is)
+        function sass_n(k, pre,   x, y, n) {
             n = 0
+            for (x in scnt) { split(x, y, SUBSEP); if (y[1] == k && sass_is(y[2], pre)) n += scnt[x] }
+            return n
+        }
+        # kernel k'"'"'s instructions pre.PART..., summed per PART: "COUNT × PART" (HGMMA: PART is the
+        # shape, in the order of its N) or "PART COUNT", joined by ", "
+        function sass_list(k, pre,   x, y, p, a, key, cnt, n, i, mnk, s, hg) {
+            n = 0; hg = pre == "HGMMA"
             for (x in scnt) {
                 split(x, y, SUBSEP)
-                if (y[1] != k || index(y[2], pre) != 1) continue
-                a[++n] = y[2]; split(y[2], mnk, "x"); key[y[2]] = hg ? mnk[2] + 0 : y[2]
+                if (y[1] != k || index(y[2], pre ".") != 1) continue
+                split(substr(y[2], length(pre) + 2), p, ".")
+                if (!(p[1] in cnt)) { a[++n] = p[1]; split(p[1], mnk, "x"); key[p[1]] = hg ? mnk[2] + 0 : p[1] }
+                cnt[p[1]] += scnt[x]
             }
             sort_by(a, n, key)
             s = ""
-            for (i = 1; i <= n; i++)
-                s = s (i > 1 ? ", " : "") (hg ? scnt[k, a[i]] " × " substr(a[i], length(pre) + 1) : substr(a[i], length(pre) + 1) " " scnt[k, a[i]])
+            for (i = 1; i <= n; i++) s = s (i > 1 ? ", " : "") (hg ? cnt[a[i]] " × " a[i] : a[i] " " cnt[a[i]])
             return s == "" ? "-" : s
         }
-        function sass_n(k, ins) { return (k, ins) in scnt ? scnt[k, ins] : 0 }
-        # 08_fa3 sass: the files of sass_logs, in two forms: "<mangled name> <instruction> <count>"
-        # a line (the name decoded from its length prefix), or "<name>: <count> <instruction> ..."
-        function table_sass(   nl, logs, i, line, f, nf, k, j, ks, nk, kkey, x, y, cap) {
-            nl = split(sass_logs, logs, " "); split("", scnt); split("", sfile)
+        # a cell of a SASS table: instructions joined by " / " (a count each) or " + " (their sum),
+        # or PREFIX.* (sass_list)
+        function sass_cell(k, what,   t, n, i, s) {
+            if (what ~ /\.\*$/) return sass_list(k, substr(what, 1, length(what) - 2))
+            n = split(what, t, " [+/] ")
+            if (index(what, " + ")) { s = 0; for (i = 1; i <= n; i++) s += sass_n(k, t[i]); return s }
+            s = sass_n(k, t[1]); for (i = 2; i <= n; i++) s = s " / " sass_n(k, t[i])
+            return s
+        }
+        # the files logs[1..nl] into scnt, the kernels matching re; three forms: "<mangled name>
+        # <instruction> <count>" a line (the name decoded from its length prefix); "<name>: <count>
+        # <instruction> ..."; a line "sm_NN <mangled name>" and under it "<instruction>:<count> ..."
+        # (sm_90'"'"'s only, the H200'"'"'s code). Returns 0 on a file it cannot read
+        function sass_read(logs, nl, re,   i, line, f, nf, k, j, cur) {
+            split("", scnt); split("", sfile)
             for (i = 1; i <= nl; i++) {
-                if ((getline line < logs[i]) <= 0) { fail("cannot read " logs[i]); return }
+                if ((getline line < logs[i]) <= 0) { fail("cannot read " logs[i]); return 0 }
+                cur = ""
                 do {
                     nf = split(line, f, " ")
-                    if (nf == 3 && match(f[1], /^_Z[0-9]+/))
-                        sass_count(substr(f[1], RLENGTH + 1, substr(f[1], 3, RLENGTH - 2)), f[2], f[3], logs[i])
+                    if (nf == 3 && f[1] ~ /^_Z[0-9]/) sass_count(demangle(f[1]), f[2], f[3], logs[i], re)
+                    else if (nf == 2 && f[1] ~ /^sm_[0-9]+$/) cur = f[1] == "sm_90" ? demangle(f[2]) : ""
                     else if (f[1] ~ /:$/) {
                         k = f[1]; sub(/[^a-z0-9_]*:$/, "", k)
-                        for (j = 2; j < nf; j += 2) sass_count(k, f[j + 1], f[j], logs[i])
+                        for (j = 2; j < nf; j += 2) sass_count(k, f[j + 1], f[j], logs[i], re)
                     }
+                    else if (cur != "" && f[1] ~ /:[0-9]+$/)
+                        for (j = 1; j <= nf; j++) if (match(f[j], /:[0-9]+$/))
+                            sass_count(cur, substr(f[j], 1, RSTART - 1), substr(f[j], RSTART + 1), logs[i], re)
                 } while ((getline line < logs[i]) > 0)
                 close(logs[i])
             }
+            return 1
+        }
+        # STAGE sass: the SASS counts of the settings of stage s in sass_tables (see SASS_TABLES)
+        function table_sass(s,   v, files, logs, nl, re, what, cols, nc, byrow, c, x, p, h, it, tail, k, ks, nk, kkey, i, j, line, row, cap) {
+            files = conf(sass_tables, s, "logs", v) ? v[1] : ""
+            nl = split(files, logs, " ")
+            if (nl == 0 || !conf(sass_tables, s, "kernels", v)) { fail("no SASS logs of " s " in SASS_TABLES"); return }
+            split(v[1], x, " [|] "); re = x[1]; what = x[2]
+            byrow = (nc = conf(sass_tables, s, "col", cols)) == 0
+            if (byrow) nc = conf(sass_tables, s, "row", cols)
+            for (c = 1; c <= nc; c++) {
+                split(cols[c], x, " [|] "); tail[c] = x[2]
+                p = index(x[1], " = ")
+                h[c] = p ? substr(x[1], 1, p - 1) : x[1]; it[c] = p ? substr(x[1], p + 3) : x[1]
+            }
+            if (!sass_read(logs, nl, re)) return
             for (k in sfile) {
                 ks[++nk] = k; split(k, x, "_")
                 kkey[k] = sprintf("%04d %04d %s", x[2], match(k, /_bc[0-9]+_/) ? substr(k, RSTART + 3, RLENGTH - 4) : 0, k)
             }
-            if (nk == 0) { fail("no bf16 kernel in " sass_logs); return }
+            if (nk == 0) { fail("no kernel matching " re " in " files); return }
             sort_by(ks, nk, kkey)
-            out(""); out("| kernel | HGMMA | UTMALDG / UTMASTG | USETMAXREG | BAR.SYNC / BAR.ARV | MUFU.EX2 |")
-            out("|---|---|--:|---|---|--:|")
-            for (j = 1; j <= nk; j++) {
-                k = ks[j]
-                out("| `" k "` | " sass_list(k, "HGMMA.", 1) " | " sass_n(k, "UTMALDG") " / " sass_n(k, "UTMASTG") " | " \
-                    sass_list(k, "USETMAXREG.", 0) " | " sass_n(k, "BAR.SYNC") " / " sass_n(k, "BAR.ARV") " | " sass_n(k, "MUFU.EX2") " |")
+            out("")
+            if (!byrow) {
+                # a kernel a row, the columns of the settings
+                line = "| kernel |"; row = "|---|"
+                for (c = 1; c <= nc; c++) { line = line " " h[c] " |"; row = row (tail[c] == "r" ? "--:|" : "---|") }
+                out(line); out(row)
+                for (j = 1; j <= nk; j++) {
+                    line = "| `" ks[j] "` |"
+                    for (c = 1; c <= nc; c++) line = line " " sass_cell(ks[j], it[c]) " |"
+                    out(line)
+                }
+            } else {
+                # an instruction a row, a kernel a column, and what the instruction is
+                line = "| instruction |"; row = "|---|"
+                for (j = 1; j <= nk; j++) { line = line " `" ks[j] "` |"; row = row "--:|" }
+                out(line " what it is |"); out(row "---|")
+                for (c = 1; c <= nc; c++) {
+                    line = "| `" h[c] "` |"
+                    for (j = 1; j <= nk; j++) line = line " " sass_cell(ks[j], it[c]) " |"
+                    out(line " " tail[c] " |")
+                }
             }
             cap = ""
             for (i = 1; i <= nl; i++) {
-                y = ""
-                for (j = 1; j <= nk; j++) if (sfile[ks[j]] == logs[i]) y = y (y == "" ? "" : ", ") ks[j]
-                if (y != "") cap = cap (cap == "" ? "" : "; ") "`" logs[i] "` (" y ")"
+                line = ""
+                for (j = 1; j <= nk; j++) if (sfile[ks[j]] == logs[i]) line = line (line == "" ? "" : ", ") ks[j]
+                if (line != "") cap = cap (cap == "" ? "" : "; ") "`" logs[i] "` (" line ")"
             }
             out("")
-            out(logs_source("static instruction counts in the SASS of the bf16 forward kernels (`cuobjdump --dump-sass` on the H200), each kernel from the last file that has it", cap))
+            out(logs_source("static instruction counts in the SASS of " what " (`cuobjdump --dump-sass` on the H200)" (nl > 1 ? ", each kernel from the last file that has it" : ""), cap))
         }
-        # 08_fa3 ncu: the tables of plots/profile.sh in prof_md ("STAGE ARGS (ncu ...)", then a
-        # row per kernel) of 07_wgmma and 08_fa3 run with prof_args (the last such table of each)
-        function table_ncu(   line, cur, p, c, i, j, st, nst, rows, nrow, stage) {
-            nst = split("07_wgmma 08_fa3", st, " ")
+        # STAGE ncu: the tables of plots/profile.sh in prof_md ("STAGE ARGS (ncu ...)", then a row
+        # per kernel) of the stage before s (its number less one) and of s, run with prof_args (the
+        # last such table of each)
+        function table_ncu(s,   line, cur, p, c, i, j, st, rows, nrow, stage, prev) {
+            prev = sprintf("%02d_", substr(s, 1, 2) - 1); st[1] = ""; st[2] = s
             while ((getline line < prof_md) > 0) {
                 if (line ~ /^[0-9][0-9]_[a-z0-9_]+ .*\(ncu /) {
                     stage = substr(line, 1, index(line, " ") - 1); p = index(line, " (ncu ")
                     cur = substr(line, length(stage) + 2, p - length(stage) - 2) == prof_args ? stage : ""
                     if (cur != "") nrow[cur] = 0
+                    if (index(cur, prev) == 1) st[1] = cur
                     continue
                 }
                 if (cur == "" || line !~ /^\| / || line ~ /^\| kernel \|/) continue
@@ -704,10 +818,11 @@ gen() {
                 rows[cur, ++nrow[cur]] = c[2] SUBSEP c[3] " | " c[6] " | " c[7] " | " c[8]
             }
             close(prof_md)
+            for (i = 1; i <= 2; i++)
+                if (!nrow[st[i]]) { fail("no table of " (i == 1 ? prev "* (the stage before " s ")" : s) " " prof_args " in " prof_md); return }
             out(""); out("| stage | kernel time ms | achieved occupancy % | tensor pipe active % | largest stall reasons (cycles per issued instruction) |")
             out("|---|--:|--:|--:|---|")
-            for (i = 1; i <= nst; i++) {
-                if (!nrow[st[i]]) { fail("no table of " st[i] " " prof_args " in " prof_md); return }
+            for (i = 1; i <= 2; i++) {
                 for (j = 1; j <= nrow[st[i]]; j++) {
                     split(rows[st[i], j], c, SUBSEP)
                     out("| " st[i] (nrow[st[i]] > 1 ? ", `" c[1] "`" : "") " | " c[2] " |")
@@ -715,6 +830,73 @@ gen() {
             }
             out("")
             out(logs_source("Nsight Compute (`plots/profile.sh`: `ncu --clock-control none`), one call of `STAGE " prof_args "`, bf16, forward, non-causal; stall reasons: the five largest", "`" prof_md "`"))
+        }
+        # a report of ncu'"'"'s sections (its text output): the first kernel'"'"'s name into m["kernel"],
+        # its metrics (lines "  NAME  [UNIT]  VALUE", split at runs of two or more spaces) into
+        # m[NAME] and their units into m[NAME, "unit"], and the harness'"'"'s line of the problem
+        # ("... bf16 B=2 H=16 ... causal=0 on ...") into m["shape"]; 0 without a kernel
+        function ncu_report(file, m,   line, f, n, k) {
+            split("", m)
+            while ((getline line < file) > 0) {
+                if (line ~ /^  [^ ].*, Context [0-9]+, Stream /) {
+                    if ("kernel" in m) break
+                    k = line; sub(/^ +(void )?/, "", k); sub(/[<(].*/, "", k); m["kernel"] = k
+                }
+                else if (!("shape" in m) && match(line, /[a-z0-9]+ B=[0-9]+ H=.* causal=[01]/)) m["shape"] = substr(line, RSTART, RLENGTH)
+                else if ("kernel" in m && (n = split(line, f, "  +")) >= 3 && f[1] == "" && f[n] ~ /^[0-9.,]+$/) {
+                    m[f[2]] = f[n]; m[f[2], "unit"] = n > 3 ? f[3] : ""
+                }
+            }
+            close(file)
+            return "kernel" in m
+        }
+        # STAGE ncu vs OTHER: ncu'"'"'s reports of the two stages'"'"' forward and backward kernels (the
+        # files of ncu_reports): duration, SM clock, instructions per cycle, theoretical occupancy
+        function table_ncu_vs(s, o,   di, dir, i, x, v, m, files, shape, rows, n) {
+            for (di = 1; di <= 2; di++) {
+                dir = di == 1 ? "forward" : "backward"
+                for (i = 1; i <= 2; i++) {
+                    x = i == 1 ? s : o
+                    if (!conf(ncu_reports, x, dir, v)) { fail("no " dir " report of " x " in NCU_REPORTS"); return }
+                    if (!ncu_report(v[1], m)) { fail("no kernel in " v[1]); return }
+                    rows[++n] = "| " x ", " dir ": `" m["kernel"] "` | " m["Duration"] " " m["Duration", "unit"] " | " m["SM Frequency"] " | " \
+                        m["Executed Ipc Active"] " | " m["Theoretical Occupancy"] " |"
+                    files = files (files == "" ? "" : ", ") "`" v[1] "`"
+                    if (shape == "" && "shape" in m) shape = m["shape"]
+                }
+            }
+            out(""); out("| kernel | duration | SM clock GHz | instructions per cycle | theoretical occupancy % |")
+            out("|---|--:|--:|--:|--:|")
+            for (i = 1; i <= n; i++) out(rows[i])
+            out("")
+            out(logs_source("Nsight Compute (`ncu`, its default sections), one call each" (shape != "" ? ", `" shape "` (the harness'"'"'s line in " s "'"'"'s report)" : "") \
+                "; SM clock: `SM Frequency`; instructions per cycle: `Executed Ipc Active`", files))
+        }
+        # STAGE deterministic: the backward rows of s (or of its old name) in det_csv (the sweep'"'"'s
+        # columns; the note "deterministic" on a --deterministic row), per head dim and masking in
+        # the order of the file: ms with atomic dQ and with --deterministic, and their workspaces
+        function table_deterministic(s,   line, f, r, nr, seen_r, k, kind, t, w, name, shape, i, c) {
+            while ((getline line < det_csv) > 0) {
+                if (split(line, f, ",") < 15 || f[3] != "backward" || new_name(f[2]) != s) continue
+                k = f[10] SUBSEP f[11]; kind = f[16] ~ /deterministic/ ? "det" : "atomic"
+                if (!(k in seen_r)) { seen_r[k] = 1; r[++nr] = k }
+                t[k, kind] = f[15] == "ok" ? sprintf("%.2f ms", f[12]) : f[15]
+                w[k, kind] = f[15] == "ok" ? bytes(f[14]) : "-"
+                if (shape == "") { name = f[2]; shape = f[4] ", B = " f[5] ", N = " f[8] ", H = " f[6] * f[10] "/d" }
+            }
+            close(det_csv)
+            if (nr == 0) { fail("no backward rows of " s " in " det_csv); return }
+            out(""); out("| head dim, causal | atomic dQ | deterministic | workspace atomic / deterministic |")
+            out("|---|--:|--:|--:|")
+            for (i = 1; i <= nr; i++) {
+                split(r[i], c, SUBSEP)
+                k = r[i]
+                out("| " c[1] ", " (c[2] + 0 ? "yes" : "no") " | " ((k, "atomic") in t ? t[k, "atomic"] : "-") " | " ((k, "det") in t ? t[k, "det"] : "-") " | " \
+                    ((k, "atomic") in w ? w[k, "atomic"] : "-") " / " ((k, "det") in w ? w[k, "det"] : "-") " |")
+            }
+            out("")
+            out(logs_source("the backward of " s (name != s ? " (named " name " then)" : "") " with dQ accumulated by atomics and with `--deterministic`, ms per call, median of the timed runs; " shape, \
+                "`" det_csv "`"))
         }
         # 08_fa3 ncu cudnn: the metrics of cudnn_ncu ("== ncu NAME dD NN" sections, a line
         # " METRIC [UNIT] VALUE" each) of the stage'"'"'s two builds (08_ref, 08_b176) and cuDNN'"'"'s kernel,
@@ -759,8 +941,6 @@ gen() {
             else if (what == "d256") table_d256()
             else if (what == "key tile") table_key_tile()
             else if (what == "timeline") table_timeline()
-            else if (what == "sass") table_sass()
-            else if (what == "ncu") table_ncu()
             else if (what == "ncu cudnn") table_ncu_cudnn()
             else return 0
             return 1
@@ -768,16 +948,19 @@ gen() {
         # numbered stages first, then cuBLAS, then the rest by name
         function rank(x) { return (x ~ /^[0-9]/ ? "0" : x == "cublas" ? "1" : "2") x }
         # a stage renamed since the lesson was written: its new name (noted on stderr)
-        function resolve(x,   i, nr, r, pair) {
+        function resolve(x,   n) {
             if (x in seen || x in bseen) return x
-            nr = split(renamed, r, " ")
-            for (i = 1; i <= nr; i++) {
-                split(r[i], pair, "=")
-                if (pair[1] == x && (pair[2] in seen || pair[2] in bseen)) {
-                    printf "docs_tables: %s: %s is now %s (renamed): its rows are read\n", label, x, pair[2] > "/dev/stderr"
-                    return pair[2]
-                }
+            n = new_name(x)
+            if (n != x && (n in seen || n in bseen)) {
+                printf "docs_tables: %s: %s is now %s (renamed): its rows are read\n", label, x, n > "/dev/stderr"
+                return n
             }
+            return x
+        }
+        # the name of stage x now (renamed: old=new), or x
+        function new_name(x,   i, nr, r, pair) {
+            nr = split(renamed, r, " ")
+            for (i = 1; i <= nr; i++) { split(r[i], pair, "="); if (pair[1] == x) return pair[2] }
             return x
         }
         function spec(text,   w, nw) {
@@ -787,6 +970,11 @@ gen() {
             if (nw == 2 && w[1] == "ab") { table_ab(w[2]); return }
             if (nw >= 2 && w[1] == "08_fa3" && stage8(substr(text, length(w[1]) + 2))) return
             w[1] = resolve(w[1])
+            # the tables of the logs a lesson quotes
+            if (nw == 2 && w[2] == "sass") { table_sass(w[1]); return }
+            if (nw == 2 && w[2] == "ncu") { table_ncu(w[1]); return }
+            if (nw == 4 && w[2] == "ncu" && w[3] == "vs") { table_ncu_vs(w[1], resolve(w[4])); return }
+            if (nw == 2 && w[2] == "deterministic") { table_deterministic(w[1]); return }
             if (nw == 2 && w[2] == "bytes") {
                 if (!(w[1] in bseen)) { fail("stage " w[1] " has no rows in the bytes CSV (" bytesf ")"); return }
                 table_bytes(w[1]); return
@@ -806,7 +994,7 @@ gen() {
             else if (nw == 2 && w[2] == "workspace") table_workspace(w[1])
             else if (nw == 2 && w[2] == "long") table_long(w[1], "c0")
             else if (nw == 2 && w[2] == "io") table_io(w[1])
-            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE bytes, bytes, ab FILE, 08_fa3 ablation, 08_fa3 d256, 08_fa3 key tile, 08_fa3 timeline, 08_fa3 sass, 08_fa3 ncu, 08_fa3 ncu cudnn)")
+            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE bytes, bytes, ab FILE, STAGE sass, STAGE ncu, STAGE ncu vs OTHER, STAGE deterministic, 08_fa3 ablation, 08_fa3 d256, 08_fa3 key tile, 08_fa3 timeline, 08_fa3 ncu cudnn)")
         }
         # the bytes CSV: gpu,stage,direction,dtype,B,H,N,d,causal,kernels,dram_read_bytes,
         # dram_write_bytes,status,note; forward, non-causal rows (the last row of a shape wins)
