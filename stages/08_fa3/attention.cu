@@ -489,31 +489,21 @@ typedef void (*attention_fn)(attn_problem, attn_args, fa3_opts, const __grid_con
          const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,       \
          const __grid_constant__ CUtensorMap tmO)                                                \
     { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, causal, d, bc, fp16); }
-KERNEL(attention_64_bf16, 64, 128, -1, 0, 1)
-KERNEL(attention_64_fp16, 64, 128, -1, 1, 1)
-KERNEL(attention_128_bf16, 128, 128, -1, 0, 1)
-KERNEL(attention_128_fp16, 128, 128, -1, 1, 1)
-KERNEL(attention_128_bc176_bf16, 128, 176, 0, 0, 1)
-KERNEL(attention_128_bc176_fp16, 128, 176, 0, 1, 1)
-KERNEL(attention_128_bc176_causal_bf16, 128, 176, 1, 0, 1)
-KERNEL(attention_128_bc176_causal_fp16, 128, 176, 1, 1, 1)
-KERNEL(attention_256_bf16, 256, 64, -1, 0, 1)
-KERNEL(attention_256_fp16, 256, 64, -1, 1, 1)
-KERNEL(attention_256_bc80_bf16, 256, 80, -1, 0, 1)
-KERNEL(attention_256_bc80_fp16, 256, 80, -1, 1, 1)
-/* nooverlap: the softmax waits for both products (the ablation) */
-KERNEL(attention_64_bf16_nooverlap, 64, 128, -1, 0, 0)
-KERNEL(attention_64_fp16_nooverlap, 64, 128, -1, 1, 0)
-KERNEL(attention_128_bf16_nooverlap, 128, 128, -1, 0, 0)
-KERNEL(attention_128_fp16_nooverlap, 128, 128, -1, 1, 0)
-KERNEL(attention_128_bc176_bf16_nooverlap, 128, 176, 0, 0, 0)
-KERNEL(attention_128_bc176_fp16_nooverlap, 128, 176, 0, 1, 0)
-KERNEL(attention_128_bc176_causal_bf16_nooverlap, 128, 176, 1, 0, 0)
-KERNEL(attention_128_bc176_causal_fp16_nooverlap, 128, 176, 1, 1, 0)
-KERNEL(attention_256_bf16_nooverlap, 256, 64, -1, 0, 0)
-KERNEL(attention_256_fp16_nooverlap, 256, 64, -1, 1, 0)
-KERNEL(attention_256_bc80_bf16_nooverlap, 256, 80, -1, 0, 0)
-KERNEL(attention_256_bc80_fp16_nooverlap, 256, 80, -1, 1, 0)
+/* Each kernel and its nooverlap twin, whose softmax waits for both products (the ablation). */
+#define KERNELS(name, d, bc, causal, fp16) \
+    KERNEL(name, d, bc, causal, fp16, 1) KERNEL(name##_nooverlap, d, bc, causal, fp16, 0)
+KERNELS(attention_64_bf16, 64, 128, -1, 0)
+KERNELS(attention_64_fp16, 64, 128, -1, 1)
+KERNELS(attention_128_bf16, 128, 128, -1, 0)
+KERNELS(attention_128_fp16, 128, 128, -1, 1)
+KERNELS(attention_128_bc176_bf16, 128, 176, 0, 0)
+KERNELS(attention_128_bc176_fp16, 128, 176, 0, 1)
+KERNELS(attention_128_bc176_causal_bf16, 128, 176, 1, 0)
+KERNELS(attention_128_bc176_causal_fp16, 128, 176, 1, 1)
+KERNELS(attention_256_bf16, 256, 64, -1, 0)
+KERNELS(attention_256_fp16, 256, 64, -1, 1)
+KERNELS(attention_256_bc80_bf16, 256, 80, -1, 0)
+KERNELS(attention_256_bc80_fp16, 256, 80, -1, 1)
 
 static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
 {
