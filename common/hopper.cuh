@@ -224,6 +224,14 @@ static __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t le
            (uint64_t)(stride >> 4) << 32 | 1ull << 62;
 }
 
+/* desc moved on by `bytes` (a multiple of 16). The start address is the low 14-bit field and a
+ * shared-memory address stays under 256 KiB, so no carry leaves the low 32 bits: one 32-bit
+ * addition, where `desc + (bytes >> 4)` on 64 bits costs ptxas four instructions per wgmma. */
+static __device__ __forceinline__ uint64_t wgmma_desc_add(uint64_t desc, uint32_t bytes)
+{
+    return (uint64_t)(uint32_t)(desc >> 32) << 32 | ((uint32_t)desc + (bytes >> 4));
+}
+
 /* Registers written by ordinary code must not be read by a wgmma issued later, nor wgmma
  * accumulators by ordinary code, without these: the fence orders this warpgroup's prior
  * register and shared-memory accesses before the wgmmas that follow; commit closes the wgmmas

@@ -239,13 +239,13 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     TRACE_AT(c->a, j, 2);
     wgmma_fence();
     if (has_s) {   /* S_j = Q_i K_jᵀ: the first group */
-        const uint64_t stage = (uint64_t)(st * tile_bytes) >> 4;
+        const uint64_t dQ = wgmma_desc(sm.Q + c->cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM);
+        const uint64_t dK = wgmma_desc_add(wgmma_desc(sm.K, 16, SWIZZLE_ATOM), st * tile_bytes);
 #pragma unroll
         for (int k = 0; k < d / WGMMA_K; k++) {
             const int box = k * WGMMA_K / BOX_COLS, in_box = k * WGMMA_K % BOX_COLS * 2;
-            const uint64_t a_k = wgmma_desc(sm.Q + c->cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM) +
-                                 ((box * Br(d) * BOX_ROW + in_box) >> 4);
-            const uint64_t b_k = wgmma_desc(sm.K, 16, SWIZZLE_ATOM) + stage + ((box * bc * BOX_ROW + in_box) >> 4);
+            const uint64_t a_k = wgmma_desc_add(dQ, box * Br(d) * BOX_ROW + in_box);
+            const uint64_t b_k = wgmma_desc_add(dK, box * bc * BOX_ROW + in_box);
             if (bc == 176)      wgmma_ss_n176(&s[0][0], a_k, b_k, k > 0, fp16);
             /* The 80-key tile's first k-step declares S written only: S of the last step is
              * then dead once packed into P, which frees the registers this tile needs (with
@@ -259,10 +259,10 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         wgmma_commit();
     }
     if (has_pv) {   /* O += P_{j-1} V_{j-1}: the second */
-        const uint64_t stage = (uint64_t)(pv * tile_bytes) >> 4;
+        const uint64_t dV = wgmma_desc_add(wgmma_desc(sm.V, bc * BOX_ROW, SWIZZLE_ATOM), pv * tile_bytes);
 #pragma unroll
         for (int k = 0; k < bc / WGMMA_K; k++) {
-            const uint64_t b_k = wgmma_desc(sm.V, bc * BOX_ROW, SWIZZLE_ATOM) + stage + ((k * WGMMA_K * BOX_ROW) >> 4);
+            const uint64_t b_k = wgmma_desc_add(dV, k * WGMMA_K * BOX_ROW);
             if (d == 64)       wgmma_rs_n64(&o[0][0], pa[k], b_k, 1, fp16);
             else if (d == 128) wgmma_rs_n128(&o[0][0], pa[k], b_k, 1, fp16);
             else               wgmma_rs_n256(&o[0][0], pa[k], b_k, 1, fp16);
@@ -426,7 +426,11 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
 {
     if (causal >= 0) p.causal = causal;   /* a literal in the wide kernels (else ptxas spills) */
     const fa3_smem sm = smem_layout(d, bc);
-    const int wg = threadIdx.x / WARPGROUP;
+    /* The warpgroup, broadcast from lane 0: ptxas then knows it is one value across the warp and
+     * keeps what follows from it (Q_i's descriptors, the first row, the loop bounds) in uniform
+     * registers, off the vector pipes (8% faster at d = 256: docs/08_fa3.md). At d = 64 it costs
+     * the three consumers' 160 registers a spill: there, the plain index. */
+    const int wg = d == 64 ? threadIdx.x / WARPGROUP : __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
     const int b = blockIdx.z, h = blockIdx.y, h_kv = h / (p.H / p.H_kv);
     /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail. */
     const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br(d);
