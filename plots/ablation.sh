@@ -27,6 +27,7 @@ HERE=$(pwd)   # a relative CSV argument is relative to where the script was call
 cd "$(dirname "$0")/.." || exit 2
 
 SETS='default
+nopersistent
 nopingpong
 nooverlap
 nows

@@ -371,8 +371,10 @@ Test(gpu, small_shared_memory, .timeout = 300)
 
 /* The schedule switches of 08_fa3 (ATTN_FA3, see its header), each on its own and all together,
  * against the oracle at odd shapes: every head dim, causal and not, GQA, fp16. The stage reads
- * the variable at each call, so setenv between runs picks the schedule. An unknown switch, and
- * a key tile chosen at a head dim that has no choice, are refused with the reason. */
+ * the variable at each call, so setenv between runs picks the schedule. The last two shapes have
+ * more query tiles than an H200 has SMs, so that the blocks of a persistent grid walk several.
+ * An unknown switch, a key tile chosen at a head dim that has no choice, and a persistent grid at
+ * d = 64 are refused with the reason. */
 Test(gpu, fa3_switches_against_oracle, .timeout = 600)
 {
     need_gpu();
@@ -383,14 +385,17 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
     static const char *const switches[] = { "", "nopingpong", "nooverlap", "nows", "stages=1",
                                             "pingpong", "nopingpong,nooverlap,nows,stages=1",
                                             "bc=128", "bc=176", "bc=176,nooverlap", "bc=64",
-                                            "bc=64,nooverlap" };
+                                            "bc=64,nooverlap", "persistent", "nopersistent",
+                                            "persistent,nopingpong,nooverlap,stages=1" };
     static const struct { int B, H, H_kv, N, d, causal, fp16; } shapes[] = {
         { 2, 4, 2, 1000, 128, 1, 0 }, { 1, 2, 2, 255, 64, 0, 1 }, { 2, 2, 1, 17, 256, 1, 0 },
         { 1, 2, 2, 4097, 64, 1, 0 }, { 1, 2, 1, 300, 256, 0, 1 },
         /* d = 128 without a causal mask: the 176-key tile, N not a multiple of it */
         { 2, 4, 2, 1000, 128, 0, 0 }, { 1, 2, 2, 353, 128, 0, 1 },
         /* causal d = 128 from 4096 keys: the 176-key tile with the diagonal masked */
-        { 1, 2, 1, 4100, 128, 1, 1 } };
+        { 1, 2, 1, 4100, 128, 1, 1 },
+        /* 240 and 160 query tiles */
+        { 1, 24, 8, 1200, 128, 0, 1 }, { 1, 40, 40, 500, 256, 1, 0 } };
     int failures = 0, ran = 0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N,
@@ -455,6 +460,15 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
     unsetenv("ATTN_FA3");
     cr_assert_eq(rs2, ATTN_RUN_REFUSED, "ATTN_FA3=bc=176 at d = 64 was not refused");
     cr_assert(strstr(info.why, "is not one of head dim 64's") != NULL, "refusal without the reason: %s", info.why);
+    /* d = 64 runs one query tile a block: a persistent grid is refused */
+    setenv("ATTN_FA3", "persistent", 1);
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, test_seed(3102), ATTN_INPUT_NORMAL);
+    const attn_run_status rs3 = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
+    attn_host_free(&t);
+    unsetenv("ATTN_FA3");
+    cr_assert_eq(rs3, ATTN_RUN_REFUSED, "ATTN_FA3=persistent at d = 64 was not refused");
+    cr_assert(strstr(info.why, "one query tile a block") != NULL, "refusal without the reason: %s", info.why);
     cr_assert_eq(failures, 0, "08_fa3: %d switch runs failed", failures);
     cr_assert(ran > 0, "08_fa3 ran nothing");
 }

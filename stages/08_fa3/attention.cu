@@ -48,6 +48,7 @@
 #define CONSUMER_REGS_3 160
 #define BAR_TURN 1    /* named barrier BAR_TURN + c: consumer c's turn to issue its products */
 #define BAR_EPI  4    /* BAR_EPI + c: consumer c's O is in shared memory */
+#define BAR_ALL  7    /* every consumer: the tile's last P V products are done, V's ring is free */
 #define MMA_N   8     /* columns of an accumulator tile (the layout is mma.sync's m16n8) */
 #define CHUNK   8     /* 16-bit elements in 16 bytes */
 #define D_MAX   256   /* largest head dim supported */
@@ -65,14 +66,14 @@ static __host__ __forceinline__ int key_tile(int d, int causal, int N_k)
 }
 
 /* The schedule's switches (ATTN_FA3, parsed by the host). */
-typedef struct { int pingpong, overlap, ws, stages, bc; } fa3_opts;
+typedef struct { int pingpong, overlap, ws, stages, bc, persistent; } fa3_opts;
 
 #ifdef TRACE
 /* The pipeline's timeline, built only with `make build/08_fa3 TRACE=1` (without it none of this
  * exists) and recorded when ATTN_TRACE=FILE is set: thread 0 of each warpgroup of the first
  * TRACE_BLOCKS blocks of head 0, batch 0 stamps the SM's clock (clock64: one clock for all the
  * warpgroups of a block) at the events of each step into the workspace; the host writes them to
- * FILE as CSV (block, warpgroup, step, event, cycles). Consumer events, in order: step begins,
+ * FILE as CSV (block, warpgroup, step, event, cycles), for each block's first tile. Consumer events, in order: step begins,
  * tiles landed, turn taken, products issued, S ready, softmax done, P V done; producer: wait
  * for a free stage begins, K issued, V issued. */
 #define TRACE_BLOCKS 2
@@ -88,19 +89,20 @@ static __device__ __forceinline__ void trace(const attn_args *a, int step, int e
     const int wg = threadIdx.x / WARPGROUP;
     ((long long *)a->ws)[((blockIdx.x * TRACE_WGS + wg) * TRACE_STEPS + step) * TRACE_EVENTS + event] = clock64();
 }
-#define TRACE_AT(a, step, event) trace(a, step, event)
+#define TRACE_AT(a, t, step, event) trace(a, (t) ? TRACE_STEPS : (step), event)   /* tile t = 0 */
 #else
-#define TRACE_AT(a, step, event)
+#define TRACE_AT(a, t, step, event)
 #endif
 
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x
- * K_j [bc][d]; STAGES x V_j [bc][d]; then the mbarriers: Q's, and full K, full V, empty K,
- * empty V, STAGES of each. */
-typedef struct { uint32_t Q, K, V, bar_q, full_k, full_v, empty_k, empty_v; } fa3_smem;
+ * K_j [bc][d]; STAGES x V_j [bc][d] (where O_i waits for its store: Br <= STAGES x bc); then the
+ * mbarriers: Q's full and empty ones, O's (its store has read V's ring), and full K, full V,
+ * empty K, empty V, STAGES of each. */
+typedef struct { uint32_t Q, K, V, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v; } fa3_smem;
 
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d, int bc)
 {
-    return (size_t)(Br(d) + STAGES * 2 * bc) * d * 2 + (1 + 4 * STAGES) * sizeof(uint64_t);
+    return (size_t)(Br(d) + STAGES * 2 * bc) * d * 2 + (3 + 4 * STAGES) * sizeof(uint64_t);
 }
 
 static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
@@ -112,7 +114,9 @@ static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
     m.K = m.Q + Br(d) * d * 2;
     m.V = m.K + STAGES * tile;
     m.bar_q = m.V + STAGES * tile;
-    m.full_k = m.bar_q + 8;
+    m.empty_q = m.bar_q + 8;
+    m.o_free = m.bar_q + 16;
+    m.full_k = m.bar_q + 24;
     m.full_v = m.full_k + 8 * STAGES;
     m.empty_k = m.full_v + 8 * STAGES;
     m.empty_v = m.empty_k + 8 * STAGES;
@@ -158,28 +162,43 @@ static __device__ __forceinline__ uint32_t ring_parity(int j, int stages)
     return (stages == 1 ? j : j >> 1) & 1;
 }
 
-/* The producer's two steps for tile j (keys j0 .. j0+bc-1 of kv head h_kv): wait until every
- * consumer warp has released the ring stage tile j uses (its empty barrier's previous phase;
- * the first lap passes at once), arm the stage's full barrier with the tile's bytes and issue
- * one TMA load per 64-column box. One thread. */
+/* The producer's two steps for tile j (keys j0 .. j0+bc-1 of kv head h_kv), the ring's n-th
+ * (n counts on across a block's query tiles): wait until every consumer warp has released the
+ * ring stage tile n uses (its empty barrier's previous phase; the first lap passes at once), arm
+ * the stage's full barrier with the tile's bytes and issue one TMA load per 64-column box. One
+ * thread. */
 static __device__ __forceinline__ void load_tile(uint32_t ring, uint32_t full, uint32_t empty,
                                                  const CUtensorMap *map, int b, int h_kv, int j,
-                                                 int d, int bc, int stages)
+                                                 int n, int d, int bc, int stages)
 {
-    const int tile_bytes = bc * d * 2, s = ring_stage(j, stages);
-    mbar_wait(empty + 8 * s, ring_parity(j, stages) ^ 1);
+    const int tile_bytes = bc * d * 2, s = ring_stage(n, stages);
+    mbar_wait(empty + 8 * s, ring_parity(n, stages) ^ 1);
     mbar_arrive_expect_tx(full + 8 * s, tile_bytes);
     for (int c = 0; c < d / BOX_COLS; c++)
         tma_load_4d(ring + s * tile_bytes + c * bc * BOX_ROW, map, c * BOX_COLS, j * bc, h_kv, b,
                     full + 8 * s);
 }
 
-/* Epilogue: a warp puts its accumulators, rounded in pairs, into its own rows of the Q_i tile
- * (row r, columns col, col + 1), in the swizzled layout the TMA store reads. */
-static __device__ __forceinline__ void put_pair(int r, int col, uint32_t v, int rows)
+/* Epilogue: a warp puts its accumulators, rounded in pairs, into its own rows of an O_i tile laid
+ * out as Q_i's, `at` bytes into shared memory (row r, columns col, col + 1), in the swizzled
+ * layout the TMA store reads. */
+static __device__ __forceinline__ void put_pair(uint32_t at, int r, int col, uint32_t v, int rows)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    *(uint32_t *)(smem + tile_at(r, col / CHUNK, rows) + col % CHUNK * 2) = v;
+    *(uint32_t *)(smem + at + tile_at(r, col / CHUNK, rows) + col % CHUNK * 2) = v;
+}
+
+/* The query tile u of the grid's order: rows i0 .., head h, batch b. Row tiles fastest, as FA-3
+ * orders them; causal tiles last row first, so the longest ones start first. A block that walks
+ * tiles counts them in a 1-D grid; one that has one is the block (it, h, b) of a 3-D grid, whose
+ * indices ptxas can read again where needed rather than keep in registers (3% at d = 64). */
+static __device__ __forceinline__ void tile_of(const attn_problem p, int u, int d, int walk, int *b,
+                                               int *h, int *i0)
+{
+    const int n_i = (p.N_q + Br(d) - 1) / Br(d), it = walk ? u % n_i : (int)blockIdx.x;
+    *h = walk ? u / n_i % p.H : (int)blockIdx.y;
+    *b = walk ? u / n_i / p.H : (int)blockIdx.z;
+    *i0 = (p.causal ? n_i - 1 - it : it) * Br(d);
 }
 
 /* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
@@ -204,6 +223,7 @@ typedef struct {
     const fa3_opts *f;
     const CUtensorMap *tmK, *tmV;
     int cw, b, h_kv, Tc, row0, row, loader;
+    int t, n0;   /* the block's t-th query tile; the rings' count at its K_0, V_0 */
 } consumer;
 
 /* Step j of a consumer's loop: in its turn, issue S_j = Q_i K_jᵀ (has_s: j < Tc) and
@@ -225,18 +245,19 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     const attn_problem p = *c->p;
     const fa3_smem sm = smem_layout(d, bc);   /* constants: the offsets of a fixed layout */
     const int tile_bytes = bc * d * 2, S = c->f->stages, lane = threadIdx.x % WARP;
-    const int j0 = j * bc, st = ring_stage(j, S), pv = ring_stage(j + 1, S);   /* pv: tile j-1's */
-    TRACE_AT(c->a, j, 0);
+    const int n = c->n0 + j;   /* K_j's place in the rings' count */
+    const int j0 = j * bc, st = ring_stage(n, S), pv = ring_stage(n + 1, S);   /* pv: tile j-1's */
+    TRACE_AT(c->a, c->t, j, 0);
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
-        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, d, bc, S);
+        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
     /* Both tiles have landed before the first wgmma: a wait loop between two wgmmas would be a
      * divergent path there. */
-    if (has_s) mbar_wait(sm.full_k + 8 * st, ring_parity(j, S));
-    if (has_pv) mbar_wait(sm.full_v + 8 * pv, ring_parity(j - 1, S));
-    TRACE_AT(c->a, j, 1);
+    if (has_s) mbar_wait(sm.full_k + 8 * st, ring_parity(n, S));
+    if (has_pv) mbar_wait(sm.full_v + 8 * pv, ring_parity(n - 1, S));
+    TRACE_AT(c->a, c->t, j, 1);
 
     if (c->f->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
-    TRACE_AT(c->a, j, 2);
+    TRACE_AT(c->a, c->t, j, 2);
     wgmma_fence();
     if (has_s) {   /* S_j = Q_i K_jᵀ: the first group */
         const uint64_t dQ = wgmma_desc(sm.Q + c->cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM);
@@ -270,7 +291,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         wgmma_commit();
     }
     if (c->f->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
-    TRACE_AT(c->a, j, 3);
+    TRACE_AT(c->a, c->t, j, 3);
 
     float alpha[2];
     if (has_s) {
@@ -278,7 +299,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         if (has_pv && overlap) wgmma_wait_1();
         else                   wgmma_wait_0();
         wgmma_hold(&s[0][0], bc / 2);
-        TRACE_AT(c->a, j, 4);
+        TRACE_AT(c->a, c->t, j, 4);
         if (lane == 0) mbar_arrive(sm.empty_k + 8 * st);   /* this warp is done with K_j */
         if (masked) mask_scores(s, bc / MMA_N, c->row, j0 + 2 * (lane % QUAD), p.N_k, p.causal);
 
@@ -304,17 +325,17 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
             }
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = alpha[r] * l[r] + l_tile[r];
-        TRACE_AT(c->a, j, 5);
+        TRACE_AT(c->a, c->t, j, 5);
     }
     if (has_pv) {
         /* O_{j-1} is final: V_{j-1}'s stage can be refilled, and O rescaled for tile j. */
         wgmma_wait_0();
         wgmma_hold(&o[0][0], d / 2);
-        TRACE_AT(c->a, j, 6);
+        TRACE_AT(c->a, c->t, j, 6);
         if (lane == 0) mbar_arrive(sm.empty_v + 8 * pv);
     }
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
-        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, d, bc, S);
+        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
     if (has_s) {
 #pragma unroll
         for (int n = 0; n < d / MMA_N; n++) {
@@ -331,91 +352,110 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     }
 }
 
-/* A consumer warpgroup: rows cw * 64 .. of the block's query tile. Step 0 has only S_0, the
- * steps 1 .. Tc-1 both products, step Tc only the last PV; then the epilogue. */
+/* A consumer warpgroup: rows cw * 64 .. of each of the block's query tiles, u = blockIdx.x,
+ * blockIdx.x + gridDim.x, ... Per tile, step 0 has only S_0, the steps 1 .. Tc-1 both products,
+ * step Tc only the last PV; then the epilogue, while the producer loads the next Q_i and K_0. */
 static __device__ __forceinline__ void consume(const attn_problem p, const attn_args a,
                                                const fa3_opts f, const fa3_smem sm,
                                                const CUtensorMap *tmQ, const CUtensorMap *tmK,
                                                const CUtensorMap *tmV, const CUtensorMap *tmO,
-                                               int cw, int i0, int Tc, const int overlap,
-                                               const int d, const int bc, const int fp16)
+                                               int cw, int n_tiles, const int walk,
+                                               const int overlap, const int d, const int bc,
+                                               const int fp16)
 {
     const int warp = threadIdx.x / WARP % 4, lane = threadIdx.x % WARP;
-    const int b = blockIdx.z, h = blockIdx.y;
     consumer c;
     c.p = &p; c.a = &a; c.f = &f; c.tmK = tmK; c.tmV = tmV;
-    c.cw = cw; c.b = b; c.h_kv = h / (p.H / p.H_kv); c.Tc = Tc;
-    c.row0 = i0 + cw * WG_ROWS;
-    c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
-    /* Without warp specialisation the first consumer thread is the loader, as in 07. */
+    c.cw = cw;
+    /* Without warp specialisation the first consumer thread is the loader, as in 07 (a block
+     * then has one tile). */
     c.loader = !f.ws && threadIdx.x == WARPGROUP;
-    if (c.loader) {
-        mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
-        for (int k = 0; k < d / BOX_COLS; k++)
-            tma_load_4d(sm.Q + k * Br(d) * BOX_ROW, tmQ, k * BOX_COLS, i0, h, b, sm.bar_q);
-        for (int j = 0; j < f.stages - 1 && j < Tc; j++) {
-            load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, c.h_kv, j, d, bc, f.stages);
-            load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, c.h_kv, j, d, bc, f.stages);
-        }
-    }
-
-    float o[D_MAX / MMA_N][4];
-    float m[2], l[2];   /* running max (log2 domain) and this lane's part of the sum */
-#pragma unroll
-    for (int r = 0; r < 2; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
-#pragma unroll
-    for (int n = 0; n < D_MAX / MMA_N; n++)
-#pragma unroll
-        for (int k = 0; k < 4; k++) o[n][k] = 0.0f;
-    float s[BC_MAX / MMA_N][4];
-    uint32_t pa[BC_MAX / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
-    mbar_wait(sm.bar_q, 0);
     /* Ping-pong: the last consumer hands consumer 0 its first turn; the turn then goes round,
-     * 0, 1, (2,) 0, ... */
+     * 0, 1, (2,) 0, ..., from one tile into the next. */
     if (f.pingpong && cw == CONSUMERS(d) - 1) bar_arrive(BAR_TURN + 0, 2 * WARPGROUP);
+    c.n0 = 0;
+    c.t = 0;
+    for (int u = walk ? blockIdx.x : 0; u < n_tiles; u = walk ? u + gridDim.x : n_tiles, c.t++) {
+        int h, i0;
+        tile_of(p, u, d, walk, &c.b, &h, &i0);
+        c.h_kv = h / (p.H / p.H_kv);
+        c.Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
+        c.row0 = i0 + cw * WG_ROWS;
+        c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
+        if (c.loader) {
+            mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
+            for (int k = 0; k < d / BOX_COLS; k++)
+                tma_load_4d(sm.Q + k * Br(d) * BOX_ROW, tmQ, k * BOX_COLS, i0, h, c.b, sm.bar_q);
+            for (int j = 0; j < f.stages - 1 && j < c.Tc; j++) {
+                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, c.b, c.h_kv, j, c.n0 + j, d, bc, f.stages);
+                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, c.b, c.h_kv, j, c.n0 + j, d, bc, f.stages);
+            }
+        }
 
-    /* Tiles 0 .. n_full-1 need no mask: every key inside N_k and, when causal, at or before
-     * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
-     * past N_k) take the masked copy of the step. */
-    const int n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / bc);
-    if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, overlap, d, bc, fp16);
-    else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, overlap, d, bc, fp16);
-    for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, overlap, d, bc, fp16);
-    for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, bc, fp16);
-    consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, bc, fp16);
+        float o[D_MAX / MMA_N][4];
+        float m[2], l[2];   /* running max (log2 domain) and this lane's part of the sum */
+#pragma unroll
+        for (int r = 0; r < 2; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+#pragma unroll
+        for (int n = 0; n < D_MAX / MMA_N; n++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) o[n][k] = 0.0f;
+        float s[BC_MAX / MMA_N][4];
+        uint32_t pa[BC_MAX / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
+        mbar_wait(sm.bar_q, c.t & 1);
+
+        /* Tiles 0 .. n_full-1 need no mask: every key inside N_k and, when causal, at or before
+         * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
+         * past N_k) take the masked copy of the step. */
+        const int Tc = c.Tc, n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / bc);
+        if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, overlap, d, bc, fp16);
+        else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, overlap, d, bc, fp16);
+        for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, overlap, d, bc, fp16);
+        for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, bc, fp16);
+        /* Every S product of this tile is complete: the producer may load the next Q_i. */
+        if (lane == 0) mbar_arrive(sm.empty_q);
+        consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, bc, fp16);
+
+        /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i is staged in V's ring, laid out as
+         * Q_i's tile, once every consumer's last P V product is complete (FA-3 does the same; with
+         * one tile a block, in this warpgroup's rows of Q_i's tile, whose last reader is done),
+         * then leaves by one TMA store per 64-column box; rows past N_q are clipped by the tensor
+         * map. */
+        const uint32_t o_tile = walk ? sm.V : sm.Q;
+        if (walk) bar_sync(BAR_ALL, CONSUMERS(d) * WARPGROUP);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float l_row = row_sum(l[r]);
+            const int i = c.row + 8 * r;
+            const float inv_l = 1.0f / l_row;
+#pragma unroll
+            for (int n = 0; n < d / MMA_N; n++)
+                put_pair(o_tile - sm.Q, i - i0, n * MMA_N + 2 * (lane % QUAD),
+                         pack_x2(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l, fp16), Br(d));
+            if (lane % QUAD == 0 && i < p.N_q)
+                a.lse[((size_t)c.b * p.H + h) * p.N_q + i] = (m[r] + log2f(l_row)) * LN2;
+        }
+        fence_proxy_async();   /* generic writes of O, read next by the TMA store (async proxy) */
+        bar_sync(BAR_EPI + cw, WARPGROUP);
+        if (threadIdx.x % WARPGROUP == 0) {
+            for (int k = 0; k < d / BOX_COLS; k++)
+                tma_store_4d(tmO, o_tile + k * Br(d) * BOX_ROW + cw * WG_ROWS * BOX_ROW, k * BOX_COLS,
+                             c.row0, h, c.b);
+            bulk_commit();
+            bulk_wait_read_0();   /* the shared memory must keep O until the store has read it */
+            mbar_arrive(sm.o_free);
+        }
+        c.n0 += Tc;
+    }
     /* The last consumer's last arrive on consumer 0's barrier has no turn left to open: take
      * it, so that every named barrier ends as it started. */
     if (f.pingpong && cw == 0) bar_sync(BAR_TURN + 0, 2 * WARPGROUP);
-
-    /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i goes into this warpgroup's rows of
-     * the Q_i tile (its last reader, this warpgroup's last S product, is complete), then out
-     * by one TMA store per 64-column box; rows past N_q are clipped by the tensor map. */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float l_row = row_sum(l[r]);
-        const int i = c.row + 8 * r;
-        const float inv_l = 1.0f / l_row;
-#pragma unroll
-        for (int n = 0; n < d / MMA_N; n++)
-            put_pair(i - i0, n * MMA_N + 2 * (lane % QUAD),
-                     pack_x2(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l, fp16), Br(d));
-        if (lane % QUAD == 0 && i < p.N_q)
-            a.lse[((size_t)b * p.H + h) * p.N_q + i] = (m[r] + log2f(l_row)) * LN2;
-    }
-    fence_proxy_async();   /* generic writes of O, read next by the TMA store (async proxy) */
-    bar_sync(BAR_EPI + cw, WARPGROUP);
-    if (threadIdx.x % WARPGROUP == 0) {
-        for (int k = 0; k < d / BOX_COLS; k++)
-            tma_store_4d(tmO, sm.Q + k * Br(d) * BOX_ROW + cw * WG_ROWS * BOX_ROW, k * BOX_COLS,
-                         c.row0, h, b);
-        bulk_commit();
-        bulk_wait_read_0();   /* the shared memory must outlive the store's reads */
-    }
 }
 
-/* One block: query tile i0 .. i0+Br-1 of head h, batch b; warpgroup 0 produces, the others
- * (2, or 3 at d = 64) consume.
- * d, bc and fp16 are literals at each call site. */
+/* One block: warpgroup 0 produces, the others (2, or 3 at d = 64) consume, for query tiles u =
+ * blockIdx.x, blockIdx.x + gridDim.x, ... of the n_tiles in tile_of's order: one tile a block,
+ * or (persistent) one block per SM walking its share, each tile's loads issued under the last
+ * one's epilogue. d, bc and fp16 are literals at each call site. */
 static __device__ __forceinline__ void tiled_attention(attn_problem p, const attn_args a,
                                                        const fa3_opts f, const CUtensorMap *tmQ,
                                                        const CUtensorMap *tmK,
@@ -431,17 +471,20 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
      * registers, off the vector pipes (8% faster at d = 256: docs/08_fa3.md). At d = 64 it costs
      * the three consumers' 160 registers a spill: there, the plain index. */
     const int wg = d == 64 ? threadIdx.x / WARPGROUP : __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
-    const int b = blockIdx.z, h = blockIdx.y, h_kv = h / (p.H / p.H_kv);
-    /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail. */
-    const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br(d);
-    const int last_row = min(i0 + Br(d), p.N_q) - 1;
-    const int Tc = (visible_keys(p, last_row) + bc - 1) / bc;
+    /* Whether a block walks tiles u, u + gridDim.x, ... of a 1-D grid (which may be persistent),
+     * or has one: at d = 64 the tile loop costs the three consumers' 160 registers 3-5%
+     * (docs/08_fa3.md). */
+    const int walk = d != 64;
+    const int n_tiles = walk ? (p.N_q + Br(d) - 1) / Br(d) * p.H * p.B : 1;
 
-    /* The barriers: Q's and the full ones complete on one arrive plus the bytes; an empty one
-     * on one arrive per consumer warp. */
+    /* The barriers: Q's full one and the rings' full ones complete on one arrive plus the bytes;
+     * Q's empty one and the rings' empty ones on one arrive per consumer warp; O's on one per
+     * consumer warpgroup (its store has read V's ring). */
     if (threadIdx.x == 0) {
         if (sm.Q % SWIZZLE_ATOM) hopper_fail();   /* the swizzled boxes need 1024-byte alignment */
         mbar_init(sm.bar_q, 1);
+        mbar_init(sm.empty_q, CONSUMERS(d) * 4);
+        mbar_init(sm.o_free, CONSUMERS(d));
         for (int s = 0; s < STAGES; s++) {
             mbar_init(sm.full_k + 8 * s, 1);
             mbar_init(sm.full_v + 8 * s, 1);
@@ -455,29 +498,41 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     if (wg == 0) {
         SETMAXNREG_DEC(PRODUCER_REGS);
         if (f.ws && threadIdx.x == 0) {
-            mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
-            for (int c = 0; c < d / BOX_COLS; c++)
-                tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
             /* K_j, then V_j. With the wide tile K_{j+1}, then V_j: FA-3's order, V one tile
              * behind K (faster there, slower with the other tiles: docs/08_fa3.md). */
             const int k_ahead = bc == BC_MAX;
-            if (k_ahead && Tc > 0)
-                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, 0, d, bc, f.stages);
-            for (int j = 0; j < Tc; j++) {
-                TRACE_AT(&a, j, 0);
-                if (!k_ahead)
-                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, d, bc, f.stages);
-                else if (j + 1 < Tc)
-                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j + 1, d, bc, f.stages);
-                TRACE_AT(&a, j, 1);
-                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, d, bc, f.stages);
-                TRACE_AT(&a, j, 2);
+            int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
+            for (int u = walk ? blockIdx.x : 0, t = 0; u < n_tiles; u = walk ? u + gridDim.x : n_tiles, t++) {
+                int b, h, i0;
+                tile_of(p, u, d, walk, &b, &h, &i0);
+                const int h_kv = h / (p.H / p.H_kv);
+                const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
+                /* Q_i once the consumers' S products of the last tile are complete. */
+                mbar_wait(sm.empty_q, (t & 1) ^ 1);
+                mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
+                for (int c = 0; c < d / BOX_COLS; c++)
+                    tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
+                if (k_ahead)
+                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, 0, n0, d, bc, f.stages);
+                for (int j = 0; j < Tc; j++) {
+                    TRACE_AT(&a, t, j, 0);
+                    if (!k_ahead)
+                        load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, n0 + j, d, bc, f.stages);
+                    else if (j + 1 < Tc)
+                        load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j + 1, n0 + j + 1, d, bc, f.stages);
+                    TRACE_AT(&a, t, j, 1);
+                    /* V's ring holds the last tile's O until its store has read it. */
+                    if (j == 0 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
+                    load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d, bc, f.stages);
+                    TRACE_AT(&a, t, j, 2);
+                }
+                n0 += Tc;
             }
         }
     } else {
         if (CONSUMERS(d) == 3) SETMAXNREG_INC(CONSUMER_REGS_3);   /* d is a literal: one remains */
         else                   SETMAXNREG_INC(CONSUMER_REGS_2);
-        consume(p, a, f, sm, tmQ, tmK, tmV, tmO, wg - 1, i0, Tc, overlap, d, bc, fp16);
+        consume(p, a, f, sm, tmQ, tmK, tmV, tmO, wg - 1, n_tiles, walk, overlap, d, bc, fp16);
     }
 }
 
@@ -538,6 +593,7 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
     f->pingpong = p->d <= 128;
     f->overlap = 1;
     f->ws = 1;
+    f->persistent = !p->causal && p->d != 64;
     f->stages = STAGES;
     f->bc = key_tile(p->d, p->causal, p->N_k);
     const char *env = getenv("ATTN_FA3");
@@ -549,6 +605,12 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
         else if (!strcmp(t, "nopingpong")) f->pingpong = 0;
         else if (!strcmp(t, "nooverlap")) f->overlap = 0;
         else if (!strcmp(t, "nows")) f->ws = 0;
+        else if (!strcmp(t, "persistent") && p->d == 64) {
+            snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: head dim 64 runs one query tile a block (no "
+                     "persistent grid: its tile loop cost 3%%, docs/08_fa3.md)", env);
+            return 1;
+        } else if (!strcmp(t, "persistent")) f->persistent = 1;
+        else if (!strcmp(t, "nopersistent")) f->persistent = 0;
         else if (!strcmp(t, "stages=1")) f->stages = 1;
         else if (!strcmp(t, "stages=2")) f->stages = 2;
         else if (!strncmp(t, "bc=", 3)) {
@@ -562,7 +624,8 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
             f->bc = bc;
         } else {
             snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: unknown switch '%s' (known: pingpong, "
-                     "nopingpong, nooverlap, nows, stages=1, stages=2, bc=N)", env, t);
+                     "nopingpong, nooverlap, nows, persistent, nopersistent, stages=1, stages=2, bc=N)",
+                     env, t);
             return 1;
         }
     }
@@ -670,7 +733,14 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
         return cudaErrorInvalidValue;
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid(attn_ceil_div(p->N_q, Br(p->d)), p->H, p->B);
+    /* One block per query tile (at d = 64 a 3-D grid, tile_of), or (persistent) one per SM, each
+     * walking its share. */
+    const int n_i = attn_ceil_div(p->N_q, Br(p->d)), n_tiles = n_i * p->H * p->B;
+    int dev = 0, sms = 0;
+    ATTN_TRY(cudaGetDevice(&dev));
+    ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const dim3 grid = p->d == 64 ? dim3(n_i, p->H, p->B)
+                    : dim3(f.persistent && f.ws && n_tiles > sms ? sms : n_tiles);
     kernel<<<grid, THREADS(p->d), smem, s>>>(*p, *a, f, tmQ, tmK, tmV, tmO);
     ATTN_LAUNCH_CHECK();
 #ifdef TRACE
