@@ -369,6 +369,22 @@ Test(gpu, small_shared_memory, .timeout = 300)
     cr_assert(strstr(buf, "shared memory") != NULL, "expected the reason:\n%s", buf);
 }
 
+/* One forward run of stage st on p, fresh inputs from seed, with ATTN_FA3=switches: the status,
+ * and the reason of a refusal in *info. */
+static attn_run_status run_fa3(const attn_stage *st, const attn_problem *p, const char *switches,
+                               uint64_t seed, attn_run_info *info)
+{
+    setenv("ATTN_FA3", switches, 1);
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, p, 0), 0);
+    attn_host_fill(&t, test_seed(seed), ATTN_INPUT_NORMAL);
+    attn_run_opts opts = { 0, 1 };
+    const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, info);
+    attn_host_free(&t);
+    unsetenv("ATTN_FA3");
+    return rs;
+}
+
 /* The schedule switches of 08_fa3 (ATTN_FA3, see its header), each on its own and all together,
  * against the oracle at odd shapes: every head dim, causal and not, GQA, fp16. The stage reads
  * the variable at each call, so setenv between runs picks the schedule. The last two shapes have
@@ -437,37 +453,20 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
         attn_ref_free(&r);
         attn_host_free(&in);
     }
-    setenv("ATTN_FA3", "fast", 1);   /* not a switch */
-    attn_problem p = test_problem(1, 2, 2, 17, 17, 64, 0);
-    attn_host t;
-    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
-    attn_host_fill(&t, test_seed(3100), ATTN_INPUT_NORMAL);
+    const attn_problem p = test_problem(1, 2, 2, 17, 17, 64, 0);
     attn_run_info info;
-    attn_run_opts opts = { 0, 1 };
-    const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
-    attn_host_free(&t);
-    unsetenv("ATTN_FA3");
+    const attn_run_status rs = run_fa3(st, &p, "fast", 3100, &info);   /* not a switch */
     if (!ran && rs == ATTN_RUN_REFUSED && !strstr(info.why, "ATTN_FA3"))
         cr_skip_test("08_fa3 refused every run: %s", info.why);   /* not a compute capability 9.0 GPU */
     cr_assert_eq(rs, ATTN_RUN_REFUSED, "ATTN_FA3=fast was not refused");
     cr_assert(strstr(info.why, "unknown switch 'fast'") != NULL, "refusal without the reason: %s", info.why);
     /* a key tile of another head dim: at d = 64 (p above) bc=176 is refused */
-    setenv("ATTN_FA3", "bc=176", 1);
-    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
-    attn_host_fill(&t, test_seed(3101), ATTN_INPUT_NORMAL);
-    const attn_run_status rs2 = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
-    attn_host_free(&t);
-    unsetenv("ATTN_FA3");
-    cr_assert_eq(rs2, ATTN_RUN_REFUSED, "ATTN_FA3=bc=176 at d = 64 was not refused");
+    cr_assert_eq(run_fa3(st, &p, "bc=176", 3101, &info), ATTN_RUN_REFUSED,
+                 "ATTN_FA3=bc=176 at d = 64 was not refused");
     cr_assert(strstr(info.why, "is not one of head dim 64's") != NULL, "refusal without the reason: %s", info.why);
     /* d = 64 runs one query tile a block: a persistent grid is refused */
-    setenv("ATTN_FA3", "persistent", 1);
-    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
-    attn_host_fill(&t, test_seed(3102), ATTN_INPUT_NORMAL);
-    const attn_run_status rs3 = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
-    attn_host_free(&t);
-    unsetenv("ATTN_FA3");
-    cr_assert_eq(rs3, ATTN_RUN_REFUSED, "ATTN_FA3=persistent at d = 64 was not refused");
+    cr_assert_eq(run_fa3(st, &p, "persistent", 3102, &info), ATTN_RUN_REFUSED,
+                 "ATTN_FA3=persistent at d = 64 was not refused");
     cr_assert(strstr(info.why, "one query tile a block") != NULL, "refusal without the reason: %s", info.why);
     cr_assert_eq(failures, 0, "08_fa3: %d switch runs failed", failures);
     cr_assert(ran > 0, "08_fa3 ran nothing");
