@@ -73,10 +73,10 @@ typedef struct { int pingpong, overlap, ws, stages, bc, persistent; } fa3_opts;
 /* The pipeline's timeline, built only with `make build/08_fa3 TRACE=1` (without it none of this
  * exists) and recorded when ATTN_TRACE=FILE is set: thread 0 of each warpgroup of the first
  * TRACE_BLOCKS blocks of head 0, batch 0 stamps the SM's clock (clock64: one clock for all the
- * warpgroups of a block) at the events of each step into the workspace; the host writes them to
- * FILE as CSV (block, warpgroup, step, event, cycles), for each block's first tile. Consumer events, in order: step begins,
- * tiles landed, turn taken, products issued, S ready, softmax done, P V done; producer: wait
- * for a free stage begins, K issued, V issued. */
+ * warpgroups of a block) at the events of each step of the block's first tile into the
+ * workspace; the host writes them to FILE as CSV (block, warpgroup, step, event, cycles).
+ * Consumer events, in order: step begins, tiles landed, turn taken, products issued, S ready,
+ * softmax done, P V done; producer: wait for a free stage begins, K issued, V issued. */
 #define TRACE_BLOCKS 2
 #define TRACE_WGS    4     /* the producer and up to 3 consumers */
 #define TRACE_STEPS  64
