@@ -388,7 +388,8 @@ static attn_run_status run_fa3(const attn_stage *st, const attn_problem *p, cons
 /* The schedule switches of 08_fa3 (ATTN_FA3, see its header), each on its own and all together,
  * against the oracle at odd shapes: every head dim, causal and not, GQA, fp16. The stage reads
  * the variable at each call, so setenv between runs picks the schedule. The last two shapes have
- * more query tiles than an H200 has SMs, so that the blocks of a persistent grid walk several.
+ * more query tiles than an H200 has SMs, so that the blocks of a persistent grid walk several; the
+ * last, causal, has 40 heads where a section of the causal order holds 32, so a shorter one ends it.
  * An unknown switch, a key tile chosen at a head dim that has no choice, and a persistent grid at
  * d = 64 are refused with the reason. */
 Test(gpu, fa3_switches_against_oracle, .timeout = 600)

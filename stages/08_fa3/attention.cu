@@ -11,7 +11,8 @@
  * - Intra-warpgroup overlap: O += P_{j-1} V_{j-1} is issued with S_j = Q K_jᵀ and waited for
  *   after the softmax of tile j, so the exponentials can run under the warpgroup's own product.
  * - A persistent grid (d = 128, 256 without a causal mask): one block per SM walks query tiles,
- *   the next Q_i and K_0 loading under the last tile's P V and epilogue (O staged in V's ring).
+ *   the next Q_i and K_0 loading under the last tile's P V and epilogue (O staged in V's ring);
+ *   causal tiles go longest first over sections of heads whose K and V fit in L2 (FA-3's LPT).
  * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store.
  * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
  *   list of nopingpong, nooverlap, nows (the loads issued by a consumer thread, as in 07),
@@ -61,13 +62,16 @@
 #ifndef WIDE_CAUSAL_MIN_N
 #define WIDE_CAUSAL_MIN_N 4096
 #endif
+/* The share of L2 (50 MiB on the H200) that one section of the causal order's heads may fill with
+ * K and V (tile_of): 16 MiB measured faster than 8 and 32 (docs/08_fa3.md). */
+#define L2_KV_BYTES (16u << 20)
 static __host__ __forceinline__ int key_tile(int d, int causal, int N_k)
 {
     return d == 128 && (!causal || N_k >= WIDE_CAUSAL_MIN_N) ? 176 : d <= 128 ? 128 : 80;
 }
 
 /* The schedule's switches (ATTN_FA3, parsed by the host). */
-typedef struct { int pingpong, overlap, ws, stages, bc, persistent; } fa3_opts;
+typedef struct { int pingpong, overlap, ws, stages, bc, persistent, group; } fa3_opts;
 
 #ifdef TRACE
 /* The pipeline's timeline, built only with `make build/08_fa3 TRACE=1` (without it none of this
@@ -96,7 +100,7 @@ static __device__ __forceinline__ void trace(const attn_args *a, int step, int e
 #endif
 
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x
- * K_j [bc][d]; STAGES x V_j [bc][d] (where O_i waits for its store: Br <= STAGES x bc); then the
+ * K_j [bc][d]; STAGES x V_j [bc][d] (where O_i waits for its store: o_place); then the
  * mbarriers: Q's full and empty ones, O's (its store has read V's ring), and full K, full V,
  * empty K, empty V, STAGES of each. */
 typedef struct { uint32_t Q, K, V, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v; } fa3_smem;
@@ -190,16 +194,39 @@ static __device__ __forceinline__ void put_pair(uint32_t at, int r, int col, uin
 }
 
 /* The query tile u of the grid's order: rows i0 .., head h, batch b. Row tiles fastest, as FA-3
- * orders them; causal tiles last row first, so the longest ones start first. A block that walks
- * tiles counts them in a 1-D grid; one that has one is the block (it, h, b) of a 3-D grid, whose
- * indices ptxas can read again where needed rather than keep in registers (3% at d = 64). */
-static __device__ __forceinline__ void tile_of(const attn_problem p, int u, int d, int walk, int *b,
-                                               int *h, int *i0)
+ * orders them. Causal tiles longest first (last row first), and across the G heads of a section
+ * (FA-3's LPT order): the section's last row tiles, then the ones before, ...; G heads' K and V
+ * fit in a share of L2 (parse_opts), so the blocks running at once read the same keys. A block
+ * that walks tiles counts them in a 1-D grid; one that has one is the block (it, h, b) of a 3-D
+ * grid (d = 64, causal order within a head), whose indices ptxas can read again where needed
+ * rather than keep in registers (3% at d = 64). */
+static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int u, int d, int walk,
+                                               int *b, int *h, int *i0)
 {
-    const int n_i = (p.N_q + Br(d) - 1) / Br(d), it = walk ? u % n_i : (int)blockIdx.x;
+    const int n_i = (p.N_q + Br(d) - 1) / Br(d);
+    if (p.causal && walk) {
+        const int sec = u / (G * n_i), heads = min(G, p.H * p.B - sec * G), r = u - sec * G * n_i;
+        const int hb = sec * G + r % heads;   /* head and batch, h fastest */
+        *h = hb % p.H;
+        *b = hb / p.H;
+        *i0 = (n_i - 1 - r / heads) * Br(d);
+        return;
+    }
+    const int it = walk ? u % n_i : (int)blockIdx.x;
     *h = walk ? u / n_i % p.H : (int)blockIdx.y;
     *b = walk ? u / n_i / p.H : (int)blockIdx.z;
     *i0 = (p.causal ? n_i - 1 - it : it) * Br(d);
+}
+
+/* Where a tile's O waits for its store, laid out as Q_i's tile. With one tile a block, in Q_i's
+ * tile (a consumer's rows once its own S products are done). A block that walks tiles loads the
+ * next Q_i meanwhile: at d = 128 O takes the V stage of ring count n_o, two tiles before the
+ * last (one, with one stage), once every consumer warp has released it; at d = 256 O needs both
+ * stages, after the consumers meet (BAR_ALL). */
+static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, int walk, int n_o, int S,
+                                                   const int d, const int bc)
+{
+    return !walk ? sm.Q : d == 256 ? sm.V : sm.V + ring_stage(n_o, S) * bc * d * 2;
 }
 
 /* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
@@ -378,7 +405,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     c.t = 0;
     for (int u = walk ? blockIdx.x : 0; u < n_tiles; u = walk ? u + gridDim.x : n_tiles, c.t++) {
         int h, i0;
-        tile_of(p, u, d, walk, &c.b, &h, &i0);
+        tile_of(p, f.group, u, d, walk, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
         c.Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
         c.row0 = i0 + cw * WG_ROWS;
@@ -417,13 +444,13 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         if (lane == 0) mbar_arrive(sm.empty_q);
         consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, bc, fp16);
 
-        /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i is staged in V's ring, laid out as
-         * Q_i's tile, once every consumer's last P V product is complete (FA-3 does the same; with
-         * one tile a block, in this warpgroup's rows of Q_i's tile, whose last reader is done),
-         * then leaves by one TMA store per 64-column box; rows past N_q are clipped by the tensor
-         * map. */
-        const uint32_t o_tile = walk ? sm.V : sm.Q;
-        if (walk) bar_sync(BAR_ALL, CONSUMERS(d) * WARPGROUP);
+        /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i is staged in shared memory (o_place;
+         * in V's ring as FA-3 does, when the block walks tiles), then leaves by one TMA store per
+         * 64-column box; rows past N_q are clipped by the tensor map. */
+        const int n_o = c.n0 + Tc - f.stages;
+        const uint32_t o_tile = o_place(sm, walk, n_o, f.stages, d, bc);
+        if (walk && d == 256) bar_sync(BAR_ALL, CONSUMERS(d) * WARPGROUP);
+        else if (walk) mbar_wait(sm.empty_v + 8 * ring_stage(n_o, f.stages), ring_parity(n_o, f.stages));
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float l_row = row_sum(l[r]);
@@ -505,7 +532,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
             int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
             for (int u = walk ? blockIdx.x : 0, t = 0; u < n_tiles; u = walk ? u + gridDim.x : n_tiles, t++) {
                 int b, h, i0;
-                tile_of(p, u, d, walk, &b, &h, &i0);
+                tile_of(p, f.group, u, d, walk, &b, &h, &i0);
                 const int h_kv = h / (p.H / p.H_kv);
                 const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
                 /* Q_i once the consumers' S products of the last tile are complete. */
@@ -596,6 +623,10 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
     f->ws = 1;
     f->persistent = !p->causal && p->d != 64;
     f->stages = STAGES;
+    /* The causal order's sections: as many heads as have K and V within L2_KV_BYTES, at least one,
+     * at most all (so that G times the row tiles stays within the tile count). */
+    const double kv = 4.0 * p->N_k * p->d;
+    f->group = kv < L2_KV_BYTES ? (int)fmin(L2_KV_BYTES / kv, (double)p->H * p->B) : 1;
     f->bc = key_tile(p->d, p->causal, p->N_k);
     const char *env = getenv("ATTN_FA3");
     if (!env) return 0;
