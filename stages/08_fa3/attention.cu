@@ -220,9 +220,9 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
 
 /* Where a tile's O waits for its store, laid out as Q_i's tile. With one tile a block, in Q_i's
  * tile (a consumer's rows once its own S products are done). A block that walks tiles loads the
- * next Q_i meanwhile: at d = 128 O takes the V stage of ring count n_o, two tiles before the
- * last (one, with one stage), once every consumer warp has released it; at d = 256 O needs both
- * stages, after the consumers meet (BAR_ALL). */
+ * next Q_i meanwhile: at d = 128 O takes the V stage of ring count n_o, the tile before the
+ * last (the last, with one stage), once every consumer warp has released it; at d = 256 O needs
+ * both stages, after the consumers meet (BAR_ALL). */
 static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, int walk, int n_o, int S,
                                                    const int d, const int bc)
 {
