@@ -907,42 +907,49 @@ static backward_fn pick_backward(const attn_problem *p, int br)
 }
 
 /* dq = scale * the fp32 accumulator, rounded to the dtype and put back in the [B, N_q, H, d]
- * layout. A thread takes 16 neighbouring columns of one row: 32 bytes, a whole sector, in two
- * 16-byte stores, so that no sector is written half by one block and half by another. In the
- * backward, register dq[mt][n][c] of thread t = 32 (2 wn + wm) + lane holds row
- * br/2 wm + 16 mt + lane / 4 + 8 (c / 2), column wn d/4 + 8 n + 2 (lane % 4) + c % 2, at slot
- * (mt (d/32) + n) 4 + c; so 8 columns (n) are slots c0 and c0 + 1 of four neighbouring
- * threads, two 16-byte reads, and the next 8 (n + 1) the same 4 slots on. Neighbouring
- * threads take neighbouring rows (row % 8), whose reads are neighbouring 16 bytes. */
-static __global__ void convert_dq_kernel(attn_problem p, int br, const float *dq_acc, void *dq)
+ * layout; a block per query tile of br rows, in two phases through shared memory. Reading: a
+ * thread takes 16 neighbouring columns of one row. In the backward, register dq[mt][n][c] of
+ * thread t = 32 (2 wn + wm) + lane holds row br/2 wm + 16 mt + lane / 4 + 8 (c / 2), column
+ * wn d/4 + 8 n + 2 (lane % 4) + c % 2, at slot (mt (d/32) + n) 4 + c; so 8 columns (n) are
+ * slots c0 and c0 + 1 of four neighbouring threads, two 16-byte reads, and the next 8 (n + 1)
+ * the same 4 slots on. Neighbouring threads take neighbouring rows (row % 8), whose reads are
+ * neighbouring 16 bytes. The rounded row goes into shared memory, rows padded by 16 bytes so
+ * that 8 rows' stores fall in different banks. Writing: d / 8 threads a row, 16 bytes each, so
+ * that a row of dQ leaves as one contiguous run (2 d bytes) rather than as 32-byte pieces. */
+#define CONVERT_PITCH(d) (2 * (d) + 16)   /* bytes a row in shared memory */
+static __global__ void __launch_bounds__(512) convert_dq_kernel(attn_problem p, int br,
+                                                                const float *dq_acc, void *dq)
 {
-    const int d = p.d, Tr = (p.N_q + br - 1) / br, groups = d / (2 * CHUNK);
-    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (size_t)p.B * p.H * Tr * br * groups) return;
-    const int row = (int)(e % br), col = (int)(e / br % groups) * 2 * CHUNK;
-    const size_t tile = e / br / groups;   /* (b H + h) Tr + query tile */
-    const int wm = row / (br / 2), mt = row % (br / 2) / MMA_M, hf = row % MMA_M / 8;
-    const int wn = col / (d / 4), n = col % (d / 4) / MMA_N;
-    const int t0 = (2 * wn + wm) * WARP + (row % 8) * QUAD;
-    const int slot = (mt * (d / 32) + n) * 4 + 2 * hf;
-    const float *src = dq_acc + tile * br * d + slot * BWD_THREADS + t0;
-    float4 lo[2], hi[2];
+    /* br x d is 64 x 128 or 128 x 64 at most (backward_rows): 128 rows of d = 64 the larger. */
+    __shared__ __align__(16) unsigned char rows_sm[BWD_BR_MAX * CONVERT_PITCH(64)];
+    const int d = p.d, Tr = (p.N_q + br - 1) / br, groups = d / (2 * CHUNK), pitch = CONVERT_PITCH(d);
+    const size_t tile = blockIdx.x;   /* (b H + h) Tr + query tile */
+    const int e = threadIdx.x, fp16 = p.dtype == ATTN_FP16;
+    {
+        const int row = e % br, col = e / br * 2 * CHUNK;
+        const int wm = row / (br / 2), mt = row % (br / 2) / MMA_M, hf = row % MMA_M / 8;
+        const int wn = col / (d / 4), n = col % (d / 4) / MMA_N;
+        const int t0 = (2 * wn + wm) * WARP + (row % 8) * QUAD;
+        const int slot = (mt * (d / 32) + n) * 4 + 2 * hf;
+        const float *src = dq_acc + tile * br * d + slot * BWD_THREADS + t0;
+        const float sc = p.scale;
+        uint4 *at = (uint4 *)(rows_sm + row * pitch + col * 2);
 #pragma unroll
-    for (int k = 0; k < 2; k++) {   /* columns col + 8k .. col + 8k + 7: slots 4k on */
-        lo[k] = *(const float4 *)(src + 4 * k * BWD_THREADS);
-        hi[k] = *(const float4 *)(src + (4 * k + 1) * BWD_THREADS);
+        for (int k = 0; k < 2; k++) {   /* columns col + 8k .. col + 8k + 7: slots 4k on */
+            const float4 lo = *(const float4 *)(src + 4 * k * BWD_THREADS);
+            const float4 hi = *(const float4 *)(src + (4 * k + 1) * BWD_THREADS);
+            at[k] = make_uint4(pack_x2(sc * lo.x, sc * hi.x, fp16), pack_x2(sc * lo.y, sc * hi.y, fp16),
+                               pack_x2(sc * lo.z, sc * hi.z, fp16), pack_x2(sc * lo.w, sc * hi.w, fp16));
+        }
     }
-    const int i = (int)(tile % Tr) * br + row;
-    if (i >= p.N_q) return;
-    const int h = (int)(tile / Tr % p.H), b = (int)(tile / Tr / p.H), fp16 = p.dtype == ATTN_FP16;
-    const float sc = p.scale;
-    uint4 *out = (uint4 *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, d) + col);
-#pragma unroll
-    for (int k = 0; k < 2; k++)
-        out[k] = make_uint4(pack_x2(sc * lo[k].x, sc * hi[k].x, fp16),
-                            pack_x2(sc * lo[k].y, sc * hi[k].y, fp16),
-                            pack_x2(sc * lo[k].z, sc * hi[k].z, fp16),
-                            pack_x2(sc * lo[k].w, sc * hi[k].w, fp16));
+    __syncthreads();
+    const int h = (int)(tile / Tr % p.H), b = (int)(tile / Tr / p.H), i0 = (int)(tile % Tr) * br;
+    for (int f = e; f < br * d / CHUNK; f += br * groups) {
+        const int row = f / (d / CHUNK), c = f % (d / CHUNK) * CHUNK;
+        if (i0 + row >= p.N_q) break;
+        *(uint4 *)((uint16_t *)dq + attn_row(b, i0 + row, h, p.N_q, p.H, d) + c) =
+            *(const uint4 *)(rows_sm + row * pitch + c * 2);
+    }
 }
 
 static int check(const attn_problem *p, attn_dir dir, char *why)
@@ -1017,8 +1024,8 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
         ATTN_LAUNCH_CHECK();
     }
 
-    const size_t n_groups = dq_acc_bytes(p) / sizeof(float) / (2 * CHUNK);   /* 16 columns */
-    convert_dq_kernel<<<attn_blocks_for(n_groups, THREADS), THREADS, 0, s>>>(*p, br, dq_acc, a->dq);
+    const int tiles = attn_ceil_div(p->N_q, br) * p->H * p->B;   /* a block each */
+    convert_dq_kernel<<<tiles, br * (p->d / (2 * CHUNK)), 0, s>>>(*p, br, dq_acc, a->dq);
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }
