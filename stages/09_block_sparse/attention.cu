@@ -1224,7 +1224,8 @@ static __global__ void __launch_bounds__(512) convert_dq_kernel(attn_problem p, 
 {
     /* br x d is 64 x 128 or 128 x 64 at most (backward_rows): 128 rows of d = 64 the larger. */
     __shared__ __align__(16) unsigned char rows_sm[BWD_BR_MAX * CONVERT_PITCH(64)];
-    const int d = p.d, Tr = (p.N_q + br - 1) / br, groups = d / (2 * CHUNK), pitch = CONVERT_PITCH(d);
+    const int d = p.d, Tr = (p.N_q + br - 1) / br, groups = d / (2 * CHUNK);
+    const int pitch = CONVERT_PITCH(d);
     const size_t tile = blockIdx.x;   /* (b H + h) Tr + query tile */
     const int e = threadIdx.x, fp16 = p.dtype == ATTN_FP16;
     {
@@ -1240,8 +1241,10 @@ static __global__ void __launch_bounds__(512) convert_dq_kernel(attn_problem p, 
         for (int k = 0; k < 2; k++) {   /* columns col + 8k .. col + 8k + 7: slots 4k on */
             const float4 lo = *(const float4 *)(src + 4 * k * BWD_THREADS);
             const float4 hi = *(const float4 *)(src + (4 * k + 1) * BWD_THREADS);
-            at[k] = make_uint4(pack_x2(sc * lo.x, sc * hi.x, fp16), pack_x2(sc * lo.y, sc * hi.y, fp16),
-                               pack_x2(sc * lo.z, sc * hi.z, fp16), pack_x2(sc * lo.w, sc * hi.w, fp16));
+            at[k] = make_uint4(pack_x2(sc * lo.x, sc * hi.x, fp16),
+                               pack_x2(sc * lo.y, sc * hi.y, fp16),
+                               pack_x2(sc * lo.z, sc * hi.z, fp16),
+                               pack_x2(sc * lo.w, sc * hi.w, fp16));
         }
     }
     __syncthreads();
