@@ -13,7 +13,8 @@
  * - A persistent grid (d = 128, 256 without a causal mask): one block per SM walks query tiles,
  *   the next Q_i and K_0 loading under the last tile's P V and epilogue (O staged in V's ring);
  *   causal tiles go longest first over sections of heads whose K and V fit in L2 (FA-3's LPT).
- * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store.
+ * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store. At
+ *   d = 128 and 256 O is rescaled only when a row's max grows past 2^8 (FA-4's lazy rescale).
  * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
  *   list of nopingpong, nooverlap, nows (the loads issued by a consumer thread, as in 07),
  *   stages=1, nopersistent, bc=N (another key tile); pingpong (d = 256), persistent (causal).
@@ -42,6 +43,7 @@
 #define CONSUMERS(d) (Br(d) / WG_ROWS)    /* consumer warpgroups, 64 query rows each */
 #define THREADS(d) ((1 + CONSUMERS(d)) * WARPGROUP)   /* and the producer (warpgroup 0) */
 #define STAGES  2     /* K_j (and V_j) buffers in each ring */
+#define RESCALE_LOG2 8.0f   /* lazy rescaling: P_ij stays below 2^8 (consumer_step) */
 /* Registers a thread after setmaxnreg, producer and consumers: 24 x 128 + 240 x 256 and
  * 24 x 128 + 160 x 384 (three consumers) fit the SM's 64 K. Literals: setmaxnreg takes no
  * variable. */
@@ -321,6 +323,13 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     if (c->f->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
     TRACE_AT(c->a, c->t, j, 3);
 
+    /* Lazy rescaling (FlashAttention-4's, at d = 128 and 256): the reference max m of a row
+     * moves only when the tile's max passes it by more than RESCALE_LOG2, so after the first
+     * tiles O is seldom rescaled and a warp skips the d / 2 products when none of its rows
+     * moved. Exact: O, l and L = m + log2 l all refer to the same m. At d = 64 the vote costs
+     * more than the products it saves (docs/08_fa3.md). */
+    const int lazy = d >= 128;
+    int rescale = 0;
     float alpha[2];
     if (has_s) {
         /* S_j is final once at most the PV group is still in flight (overlap), or none. */
@@ -339,11 +348,18 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
 #pragma unroll
             for (int n = 0; n < bc / MMA_N; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
             const float m_new = fmaxf(m[r], row_max(mx) * (p.scale * LOG2E));
-            m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[r] = exp2_fast(m[r] - m_use[r]);
-            m[r] = m_new;
+            if (!lazy || m_new > m[r] + RESCALE_LOG2) {   /* m is the running max */
+                m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+                alpha[r] = exp2_fast(m[r] - m_use[r]);
+                m[r] = m_new;
+                rescale = 1;
+            } else {   /* lazy: m stays, P_ij <= 2^RESCALE_LOG2, O and l as they are */
+                m_use[r] = m[r] == -INFINITY ? 0.0f : m[r];
+                alpha[r] = 1.0f;
+            }
             l_tile[r] = 0.0f;
         }
+        if (lazy) rescale = __any_sync(0xffffffffu, rescale);
 #pragma unroll
         for (int n = 0; n < bc / MMA_N; n++)
 #pragma unroll
@@ -365,6 +381,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
         load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
     if (has_s) {
+        if (rescale)   /* some row of the warp moved its max */
 #pragma unroll
         for (int n = 0; n < d / MMA_N; n++) {
             o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
