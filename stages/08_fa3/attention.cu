@@ -381,11 +381,12 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
         load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
     if (has_s) {
-        if (rescale)   /* some row of the warp moved its max */
+        if (rescale) {   /* some row of the warp moved its max */
 #pragma unroll
-        for (int n = 0; n < d / MMA_N; n++) {
-            o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+            for (int n = 0; n < d / MMA_N; n++) {
+                o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+            }
         }
 #pragma unroll
         for (int k = 0; k < bc / 16; k++) {
