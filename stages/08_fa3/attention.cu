@@ -10,14 +10,15 @@
  *   so one warpgroup's softmax runs while another's products run.
  * - Intra-warpgroup overlap: O += P_{j-1} V_{j-1} is issued with S_j = Q K_jᵀ and waited for
  *   after the softmax of tile j, so the exponentials can run under the warpgroup's own product.
- * - A persistent grid (d = 128, 256 without a causal mask): one block per SM walks query tiles,
- *   the next Q_i and K_0 loading under the last tile's P V and epilogue (O staged in V's ring);
- *   causal tiles go longest first over sections of heads whose K and V fit in L2 (FA-3's LPT).
+ * - A persistent grid (d = 128; 256 without a causal mask): one block per SM takes query tiles
+ *   from an atomic counter, the next Q_i and K_0 loading under the last tile's P V and epilogue
+ *   (O staged in V's ring); causal tiles go longest first over sections of heads whose K and V
+ *   fit in L2 (FA-3's LPT).
  * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store. At
  *   d = 128 and 256 O is rescaled only when a row's max grows past 2^8 (FA-4's lazy rescale).
  * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
  *   list of nopingpong, nooverlap, nows (the loads issued by a consumer thread, as in 07),
- *   stages=1, nopersistent, bc=N (another key tile); pingpong (d = 256), persistent (causal).
+ *   stages=1, nopersistent, bc=N (another key tile); pingpong (d = 256), persistent (causal d = 256).
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
  *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
  * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (causal from N_k = 4096) and 80 at d = 256;
@@ -105,11 +106,11 @@ static __device__ __forceinline__ void trace(const attn_args *a, int step, int e
  * K_j [bc][d]; STAGES x V_j [bc][d] (where O_i waits for its store: o_place); then the
  * mbarriers: Q's full and empty ones, O's (its store has read V's ring), and full K, full V,
  * empty K, empty V, STAGES of each. */
-typedef struct { uint32_t Q, K, V, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v; } fa3_smem;
+typedef struct { uint32_t Q, K, V, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot; } fa3_smem;
 
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d, int bc)
 {
-    return (size_t)(Br(d) + STAGES * 2 * bc) * d * 2 + (3 + 4 * STAGES) * sizeof(uint64_t);
+    return (size_t)(Br(d) + STAGES * 2 * bc) * d * 2 + (3 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
 }
 
 static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
@@ -127,6 +128,7 @@ static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
     m.full_v = m.full_k + 8 * STAGES;
     m.empty_k = m.full_v + 8 * STAGES;
     m.empty_v = m.empty_k + 8 * STAGES;
+    m.slot = m.empty_v + 8 * STAGES;   /* [2]: the query tile the producer posted, by parity */
     return m;
 }
 
@@ -398,8 +400,34 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     }
 }
 
-/* A consumer warpgroup: rows cw * 64 .. of each of the block's query tiles, u = blockIdx.x,
- * blockIdx.x + gridDim.x, ... Per tile, step 0 has only S_0, the steps 1 .. Tc-1 both products,
+/* The query tile a block of a persistent grid takes after tile u: from the counter at the start
+ * of the workspace, which hands them out in tile_of's order to whichever block asks first (a
+ * dynamic scheduler: causal tiles differ in length). With a block per tile: none. */
+static __device__ __forceinline__ int next_tile_of(const attn_args a, int u, int n_tiles)
+{
+#ifndef TRACE
+    if ((int)gridDim.x < n_tiles) return atomicAdd((int *)a.ws, 1) + (int)gridDim.x;
+#endif
+    return u + (int)gridDim.x;
+}
+
+/* The producer posts the block's t-th query tile (n_tiles: none left) in slot[t & 1] before it
+ * arms Q's barrier for it; a consumer reads it once that phase is complete. */
+static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int u)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1] = u;
+}
+
+static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    mbar_wait(sm.bar_q, t & 1);
+    return ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1];
+}
+
+/* A consumer warpgroup: rows cw * 64 .. of each of the block's query tiles (its one, or those
+ * the producer posts). Per tile, step 0 has only S_0, the steps 1 .. Tc-1 both products,
  * step Tc only the last PV; then the epilogue, while the producer loads the next Q_i and K_0. */
 static __device__ __forceinline__ void consume(const attn_problem p, const attn_args a,
                                                const fa3_opts f, const fa3_smem sm,
@@ -421,7 +449,9 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     if (f.pingpong && cw == CONSUMERS(d) - 1) bar_arrive(BAR_TURN + 0, 2 * WARPGROUP);
     c.n0 = 0;
     c.t = 0;
-    for (int u = walk ? blockIdx.x : 0; u < n_tiles; u = walk ? u + gridDim.x : n_tiles, c.t++) {
+    /* A block that walks tiles takes them from the producer (without one, u + gridDim.x). */
+    for (int u = !walk ? 0 : f.ws ? posted_tile(sm, 0) : blockIdx.x; u < n_tiles;
+         u = !walk ? n_tiles : f.ws ? posted_tile(sm, c.t + 1) : u + gridDim.x, c.t++) {
         int h, i0;
         tile_of(p, f.group, u, d, walk, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
@@ -498,10 +528,10 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     if (f.pingpong && cw == 0) bar_sync(BAR_TURN + 0, 2 * WARPGROUP);
 }
 
-/* One block: warpgroup 0 produces, the others (2, or 3 at d = 64) consume, for query tiles u =
- * blockIdx.x, blockIdx.x + gridDim.x, ... of the n_tiles in tile_of's order: one tile a block,
- * or (persistent) one block per SM walking its share, each tile's loads issued under the last
- * one's epilogue. d, bc and fp16 are literals at each call site. */
+/* One block: warpgroup 0 produces, the others (2, or 3 at d = 64) consume, for query tiles of
+ * the n_tiles in tile_of's order: one tile a block, or (persistent) one block per SM taking
+ * blockIdx.x and then what the counter hands it, each tile's loads issued under the last one's
+ * epilogue. d, bc and fp16 are literals at each call site. */
 static __device__ __forceinline__ void tiled_attention(attn_problem p, const attn_args a,
                                                        const fa3_opts f, const CUtensorMap *tmQ,
                                                        const CUtensorMap *tmK,
@@ -548,16 +578,20 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
              * behind K (faster there, slower with the other tiles: docs/08_fa3.md). */
             const int k_ahead = bc == BC_MAX;
             int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
-            for (int u = walk ? blockIdx.x : 0, t = 0; u < n_tiles; u = walk ? u + gridDim.x : n_tiles, t++) {
+            int u = walk ? blockIdx.x : 0, t = 0;
+            for (; u < n_tiles; t++) {
                 int b, h, i0;
                 tile_of(p, f.group, u, d, walk, &b, &h, &i0);
                 const int h_kv = h / (p.H / p.H_kv);
                 const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
                 /* Q_i once the consumers' S products of the last tile are complete. */
                 mbar_wait(sm.empty_q, (t & 1) ^ 1);
+                if (walk) post_tile(sm, t, u);
                 mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
                 for (int c = 0; c < d / BOX_COLS; c++)
                     tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
+                /* The next tile, asked for now: the counter's answer arrives under the loads. */
+                const int u_next = walk ? next_tile_of(a, u, n_tiles) : n_tiles;
                 if (k_ahead)
                     load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, 0, n0, d, bc, f.stages);
                 for (int j = 0; j < Tc; j++) {
@@ -573,6 +607,12 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                     TRACE_AT(&a, t, j, 2);
                 }
                 n0 += Tc;
+                u = u_next;
+            }
+            if (walk) {   /* no tile left: the consumers wake on Q's barrier to read so */
+                mbar_wait(sm.empty_q, (t & 1) ^ 1);
+                post_tile(sm, t, n_tiles);
+                mbar_arrive(sm.bar_q);
             }
         }
     } else {
@@ -631,7 +671,8 @@ static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
 
 /* ATTN_FA3 (unset or empty: the defaults) into *f; 0, or 1 with why set for an unknown switch.
  * Defaults: everything on, 2 stages, key_tile's tile; ping-pong off at d = 256, where one
- * warpgroup's 128 O registers leave no room for the schedule to matter (measured:
+ * warpgroup's 128 O registers leave no room for the schedule to matter; a persistent grid at
+ * d = 128, and at d = 256 without a causal mask (its causal tiles ran 1-10% slower so; measured:
  * docs/08_fa3.md). bc=N chooses another key tile of the head dim (128 or 176 at d = 128, 64 or 80
  * at d = 256). */
 static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
@@ -639,7 +680,7 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
     f->pingpong = p->d <= 128;
     f->overlap = 1;
     f->ws = 1;
-    f->persistent = !p->causal && p->d != 64;
+    f->persistent = p->d == 128 || (p->d == 256 && !p->causal);
     f->stages = STAGES;
     /* The causal order's sections: as many heads as have K and V within L2_KV_BYTES, at least one,
      * at most all (so that G times the row tiles stays within the tile count). */
@@ -730,13 +771,21 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
 }
 
 /* Nothing beyond L (the timeline's stamps, when one is recorded). */
-static size_t workspace(const attn_problem *p, attn_dir dir)
+static size_t trace_part(void)
 {
-    (void)p; (void)dir;
 #ifdef TRACE
     if (getenv("ATTN_TRACE")) return trace_bytes();
 #endif
     return 0;
+}
+
+/* The persistent grid's tile counter, or the timeline's stamps when one is recorded (the
+ * instrumented build walks tiles in the static order). */
+static size_t workspace(const attn_problem *p, attn_dir dir)
+{
+    (void)p; (void)dir;
+    const size_t t = trace_part();
+    return t > sizeof(int) ? t : sizeof(int);
 }
 
 #ifdef TRACE
@@ -791,6 +840,10 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const dim3 grid = p->d == 64 ? dim3(n_i, p->H, p->B)
                     : dim3(f.persistent && f.ws && n_tiles > sms ? sms : n_tiles);
+#ifndef TRACE
+    if (grid.x < (unsigned)n_tiles)   /* blocks take their tiles after the first from a counter */
+        ATTN_TRY(cudaMemsetAsync(a->ws, 0, sizeof(int), s));
+#endif
     kernel<<<grid, THREADS(p->d), smem, s>>>(*p, *a, f, tmQ, tmK, tmV, tmO);
     ATTN_LAUNCH_CHECK();
 #ifdef TRACE
