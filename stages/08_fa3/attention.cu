@@ -402,13 +402,15 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
 
 /* The query tile a block of a persistent grid takes after tile u: from the counter at the start
  * of the workspace, which hands them out in tile_of's order to whichever block asks first (a
- * dynamic scheduler: causal tiles differ in length). With a block per tile: none. */
-static __device__ __forceinline__ int next_tile_of(const attn_args a, int u, int n_tiles)
+ * dynamic scheduler: causal tiles differ in length). */
+static __device__ __forceinline__ int next_tile_of(const attn_args a, int u)
 {
 #ifndef TRACE
-    if ((int)gridDim.x < n_tiles) return atomicAdd((int *)a.ws, 1) + (int)gridDim.x;
+    (void)u;
+    return atomicAdd((int *)a.ws, 1) + (int)gridDim.x;
+#else
+    return u + (int)gridDim.x;   /* the instrumented build: the static order */
 #endif
-    return u + (int)gridDim.x;
 }
 
 /* The producer posts the block's t-th query tile (n_tiles: none left) in slot[t & 1] before it
@@ -433,7 +435,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
                                                const fa3_opts f, const fa3_smem sm,
                                                const CUtensorMap *tmQ, const CUtensorMap *tmK,
                                                const CUtensorMap *tmV, const CUtensorMap *tmO,
-                                               int cw, int n_tiles, const int walk,
+                                               int cw, int n_tiles, const int walk, const int counted,
                                                const int overlap, const int d, const int bc,
                                                const int fp16)
 {
@@ -449,9 +451,10 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     if (f.pingpong && cw == CONSUMERS(d) - 1) bar_arrive(BAR_TURN + 0, 2 * WARPGROUP);
     c.n0 = 0;
     c.t = 0;
-    /* A block that walks tiles takes them from the producer (without one, u + gridDim.x). */
-    for (int u = !walk ? 0 : f.ws ? posted_tile(sm, 0) : blockIdx.x; u < n_tiles;
-         u = !walk ? n_tiles : f.ws ? posted_tile(sm, c.t + 1) : u + gridDim.x, c.t++) {
+    /* A block of a persistent grid takes its tiles from the producer; one of a tile a block has
+     * blockIdx.x (1-D) or the block's indices (3-D, tile_of). */
+    for (int u = counted ? posted_tile(sm, 0) : walk ? blockIdx.x : 0; u < n_tiles;
+         u = counted ? posted_tile(sm, c.t + 1) : n_tiles, c.t++) {
         int h, i0;
         tile_of(p, f.group, u, d, walk, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
@@ -547,11 +550,12 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
      * registers, off the vector pipes (8% faster at d = 256: docs/08_fa3.md). At d = 64 it costs
      * the three consumers' 160 registers a spill: there, the plain index. */
     const int wg = d == 64 ? threadIdx.x / WARPGROUP : __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
-    /* Whether a block walks tiles u, u + gridDim.x, ... of a 1-D grid (which may be persistent),
-     * or has one: at d = 64 the tile loop costs the three consumers' 160 registers 3-5%
-     * (docs/08_fa3.md). */
+    /* Whether a block walks tiles of a 1-D grid (which may be persistent), or has one: at d = 64
+     * the tile loop costs the three consumers' 160 registers 3-5% (docs/08_fa3.md). A persistent
+     * grid (fewer blocks than tiles) takes them from the counter. */
     const int walk = d != 64;
     const int n_tiles = walk ? (p.N_q + Br(d) - 1) / Br(d) * p.H * p.B : 1;
+    const int counted = walk && (int)gridDim.x < n_tiles;
 
     /* The barriers: Q's full one and the rings' full ones complete on one arrive plus the bytes;
      * Q's empty one and the rings' empty ones on one arrive per consumer warp; O's on one per
@@ -586,12 +590,12 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                 const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
                 /* Q_i once the consumers' S products of the last tile are complete. */
                 mbar_wait(sm.empty_q, (t & 1) ^ 1);
-                if (walk) post_tile(sm, t, u);
+                if (counted) post_tile(sm, t, u);
                 mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
                 for (int c = 0; c < d / BOX_COLS; c++)
                     tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
                 /* The next tile, asked for now: the counter's answer arrives under the loads. */
-                const int u_next = walk ? next_tile_of(a, u, n_tiles) : n_tiles;
+                const int u_next = counted ? next_tile_of(a, u) : n_tiles;
                 if (k_ahead)
                     load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, 0, n0, d, bc, f.stages);
                 for (int j = 0; j < Tc; j++) {
@@ -609,7 +613,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                 n0 += Tc;
                 u = u_next;
             }
-            if (walk) {   /* no tile left: the consumers wake on Q's barrier to read so */
+            if (counted) {   /* no tile left: the consumers wake on Q's barrier to read so */
                 mbar_wait(sm.empty_q, (t & 1) ^ 1);
                 post_tile(sm, t, n_tiles);
                 mbar_arrive(sm.bar_q);
@@ -618,7 +622,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     } else {
         if (CONSUMERS(d) == 3) SETMAXNREG_INC(CONSUMER_REGS_3);   /* d is a literal: one remains */
         else                   SETMAXNREG_INC(CONSUMER_REGS_2);
-        consume(p, a, f, sm, tmQ, tmK, tmV, tmO, wg - 1, n_tiles, walk, overlap, d, bc, fp16);
+        consume(p, a, f, sm, tmQ, tmK, tmV, tmO, wg - 1, n_tiles, walk, counted, overlap, d, bc, fp16);
     }
 }
 
