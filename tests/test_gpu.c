@@ -387,11 +387,11 @@ static attn_run_status run_fa3(const attn_stage *st, const attn_problem *p, cons
 
 /* The schedule switches of 08_fa3 (ATTN_FA3, see its header), each on its own and all together,
  * against the oracle at odd shapes: every head dim, causal and not, GQA, fp16. The stage reads
- * the variable at each call, so setenv between runs picks the schedule. The last three shapes have
+ * the variable at each call, so setenv between runs picks the schedule. The last four shapes have
  * more query tiles than an H200 has SMs, so that the blocks of a persistent grid walk several; the
- * last, causal, has 40 heads where a section of the causal order holds 32, so a shorter one ends it.
- * An unknown switch, a key tile chosen at a head dim that has no choice, and a persistent grid at
- * d = 64 are refused with the reason. */
+ * causal d = 256 one has 40 heads where a section of the causal order holds 32, so a shorter one
+ * ends it. An unknown switch, a key tile chosen at a head dim that has no choice, and a persistent
+ * grid at d = 64 without a causal mask are refused with the reason. */
 Test(gpu, fa3_switches_against_oracle, .timeout = 600)
 {
     need_gpu();
@@ -411,8 +411,9 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
         { 2, 4, 2, 1000, 128, 0, 0 }, { 1, 2, 2, 353, 128, 0, 1 },
         /* causal d = 128 from 4096 keys: the 176-key tile with the diagonal masked */
         { 1, 2, 1, 4100, 128, 1, 1 },
-        /* 240, 192 and 160 query tiles (causal: of unequal lengths, from the counter) */
-        { 1, 24, 8, 1200, 128, 0, 1 }, { 1, 32, 8, 700, 128, 1, 0 }, { 1, 40, 40, 500, 256, 1, 0 } };
+        /* 240, 192, 160 and 144 query tiles (causal: of unequal lengths, from the counter) */
+        { 1, 24, 8, 1200, 128, 0, 1 }, { 1, 32, 8, 700, 128, 1, 0 }, { 1, 40, 40, 500, 256, 1, 0 },
+        { 1, 24, 8, 1100, 64, 1, 1 } };
     int failures = 0, ran = 0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N,
@@ -465,7 +466,7 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
     cr_assert_eq(run_fa3(st, &p, "bc=176", 3101, &info), ATTN_RUN_REFUSED,
                  "ATTN_FA3=bc=176 at d = 64 was not refused");
     cr_assert(strstr(info.why, "is not one of head dim 64's") != NULL, "refusal without the reason: %s", info.why);
-    /* d = 64 runs one query tile a block: a persistent grid is refused */
+    /* d = 64 without a causal mask runs one query tile a block: a persistent grid is refused */
     cr_assert_eq(run_fa3(st, &p, "persistent", 3102, &info), ATTN_RUN_REFUSED,
                  "ATTN_FA3=persistent at d = 64 was not refused");
     cr_assert(strstr(info.why, "one query tile a block") != NULL, "refusal without the reason: %s", info.why);

@@ -10,10 +10,10 @@
  *   so one warpgroup's softmax runs while another's products run.
  * - Intra-warpgroup overlap: O += P_{j-1} V_{j-1} is issued with S_j = Q K_jᵀ and waited for
  *   after the softmax of tile j, so the exponentials can run under the warpgroup's own product.
- * - A persistent grid (d = 128; 256 without a causal mask): one block per SM takes query tiles
- *   from an atomic counter, the next Q_i and K_0 loading under the last tile's P V and epilogue
- *   (O staged in V's ring); causal tiles go longest first over sections of heads whose K and V
- *   fit in L2 (FA-3's LPT).
+ * - A persistent grid (d = 128; 256 without a causal mask, 64 with one): one block per SM takes
+ *   query tiles from an atomic counter, the next Q_i and K_0 loading under the last tile's P V
+ *   and epilogue (O staged in V's ring, at d = 64 in a tile of its own); causal tiles go longest
+ *   first over sections of heads whose K and V fit in L2 (FA-3's LPT).
  * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store. At
  *   d = 128 and 256 O is rescaled only when a row's max grows past 2^8 (FA-4's lazy rescale).
  * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
@@ -25,7 +25,8 @@
  *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at
  *   d = 128 and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
  * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (160 KiB
- *   with 128 keys), 224 KiB at d = 256. Forward only; compute capability 9.0 only.
+ *   with 128 keys), 224 KiB at d = 256, 112 KiB with O's tile at d = 64. Forward only; compute
+ *   capability 9.0 only.
  *
  * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
  *      ATTN_FA3=nopingpong,nooverlap build/08_fa3 --seqlen 8192 --dim 128 --bench
@@ -103,14 +104,14 @@ static __device__ __forceinline__ void trace(const attn_args *a, int step, int e
 #endif
 
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x
- * K_j [bc][d]; STAGES x V_j [bc][d] (where O_i waits for its store: o_place); then the
- * mbarriers: Q's full and empty ones, O's (its store has read V's ring), and full K, full V,
+ * K_j [bc][d]; STAGES x V_j [bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its store:
+ * o_place); then the mbarriers: Q's full and empty ones, O's (its store has read V's ring), and full K, full V,
  * empty K, empty V, STAGES of each. */
-typedef struct { uint32_t Q, K, V, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot; } fa3_smem;
+typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot; } fa3_smem;
 
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d, int bc)
 {
-    return (size_t)(Br(d) + STAGES * 2 * bc) * d * 2 + (3 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
+    return (size_t)((d == 64 ? 2 : 1) * Br(d) + STAGES * 2 * bc) * d * 2 + (3 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
 }
 
 static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
@@ -121,7 +122,8 @@ static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
     m.Q = smem_u32(smem);
     m.K = m.Q + Br(d) * d * 2;
     m.V = m.K + STAGES * tile;
-    m.bar_q = m.V + STAGES * tile;
+    m.O = m.V + STAGES * tile;   /* d = 64: O's own tile (a persistent grid's, o_place) */
+    m.bar_q = m.O + (d == 64 ? Br(d) * d * 2 : 0);
     m.empty_q = m.bar_q + 8;
     m.o_free = m.bar_q + 16;
     m.full_k = m.bar_q + 24;
@@ -226,11 +228,12 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
  * tile (a consumer's rows once its own S products are done). A block that walks tiles loads the
  * next Q_i meanwhile: at d = 128 O takes the V stage of ring count n_o, the tile before the
  * last (the last, with one stage), once every consumer warp has released it; at d = 256 O needs
- * both stages, after the consumers meet (BAR_ALL). */
+ * both stages, after the consumers meet (BAR_ALL); at d = 64 its 192 rows outgrow a stage, and
+ * take a tile of their own, free once the warpgroup's last store has read it. */
 static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, int walk, int n_o, int S,
                                                    const int d, const int bc)
 {
-    return !walk ? sm.Q : d == 256 ? sm.V : sm.V + ring_stage(n_o, S) * bc * d * 2;
+    return !walk ? sm.Q : d == 64 ? sm.O : d == 256 ? sm.V : sm.V + ring_stage(n_o, S) * bc * d * 2;
 }
 
 /* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
@@ -501,6 +504,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         const int n_o = c.n0 + Tc - f.stages;
         const uint32_t o_tile = o_place(sm, walk, n_o, f.stages, d, bc);
         if (walk && d == 256) bar_sync(BAR_ALL, CONSUMERS(d) * WARPGROUP);
+        else if (walk && d == 64) bar_sync(BAR_EPI + cw, WARPGROUP);   /* the last store has read O */
         else if (walk) mbar_wait(sm.empty_v + 8 * ring_stage(n_o, f.stages), ring_parity(n_o, f.stages));
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -551,9 +555,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
      * the three consumers' 160 registers a spill: there, the plain index. */
     const int wg = d == 64 ? threadIdx.x / WARPGROUP : __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
     /* Whether a block walks tiles of a 1-D grid (which may be persistent), or has one: at d = 64
-     * the tile loop costs the three consumers' 160 registers 3-5% (docs/08_fa3.md). A persistent
-     * grid (fewer blocks than tiles) takes them from the counter. */
-    const int walk = d != 64;
+     * the tile loop costs the three consumers' 160 registers 3-5% (docs/08_fa3.md), which only
+     * the causal kernels (causal 1) pay. A persistent grid (fewer blocks than tiles) takes them
+     * from the counter. */
+    const int walk = d != 64 || causal == 1;
     const int n_tiles = walk ? (p.N_q + Br(d) - 1) / Br(d) * p.H * p.B : 1;
     const int counted = walk && (int)gridDim.x < n_tiles;
 
@@ -606,7 +611,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                         load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j + 1, n0 + j + 1, d, bc, f.stages);
                     TRACE_AT(&a, t, j, 1);
                     /* V's ring holds the last tile's O until its store has read it. */
-                    if (j == 0 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
+                    if (j == 0 && t > 0 && d != 64) mbar_wait(sm.o_free, (t - 1) & 1);
                     load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d, bc, f.stages);
                     TRACE_AT(&a, t, j, 2);
                 }
@@ -643,6 +648,8 @@ typedef void (*attention_fn)(attn_problem, attn_args, fa3_opts, const __grid_con
     KERNEL(name, d, bc, causal, fp16, 1) KERNEL(name##_nooverlap, d, bc, causal, fp16, 0)
 KERNELS(attention_64_bf16, 64, 128, -1, 0)
 KERNELS(attention_64_fp16, 64, 128, -1, 1)
+KERNELS(attention_64_causal_bf16, 64, 128, 1, 0)
+KERNELS(attention_64_causal_fp16, 64, 128, 1, 1)
 KERNELS(attention_128_bf16, 128, 128, -1, 0)
 KERNELS(attention_128_fp16, 128, 128, -1, 1)
 KERNELS(attention_128_bc176_bf16, 128, 176, 0, 0)
@@ -658,6 +665,7 @@ static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
 {
     const int fp16 = p->dtype == ATTN_FP16, wide = f->bc == 176;
     if (f->overlap) {
+        if (p->d == 64 && p->causal && f->persistent) return fp16 ? attention_64_causal_fp16 : attention_64_causal_bf16;
         if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
         if (wide && p->causal) return fp16 ? attention_128_bc176_causal_fp16 : attention_128_bc176_causal_bf16;
         if (wide) return fp16 ? attention_128_bc176_fp16 : attention_128_bc176_bf16;
@@ -665,6 +673,7 @@ static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
         if (f->bc == 80) return fp16 ? attention_256_bc80_fp16 : attention_256_bc80_bf16;
         return fp16 ? attention_256_fp16 : attention_256_bf16;
     }
+    if (p->d == 64 && p->causal && f->persistent) return fp16 ? attention_64_causal_fp16_nooverlap : attention_64_causal_bf16_nooverlap;
     if (p->d == 64) return fp16 ? attention_64_fp16_nooverlap : attention_64_bf16_nooverlap;
     if (wide && p->causal) return fp16 ? attention_128_bc176_causal_fp16_nooverlap : attention_128_bc176_causal_bf16_nooverlap;
     if (wide) return fp16 ? attention_128_bc176_fp16_nooverlap : attention_128_bc176_bf16_nooverlap;
@@ -676,15 +685,15 @@ static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
 /* ATTN_FA3 (unset or empty: the defaults) into *f; 0, or 1 with why set for an unknown switch.
  * Defaults: everything on, 2 stages, key_tile's tile; ping-pong off at d = 256, where one
  * warpgroup's 128 O registers leave no room for the schedule to matter; a persistent grid at
- * d = 128, and at d = 256 without a causal mask (its causal tiles ran 1-10% slower so; measured:
- * docs/08_fa3.md). bc=N chooses another key tile of the head dim (128 or 176 at d = 128, 64 or 80
+ * d = 128, at d = 256 without a causal mask (its causal tiles ran 1-10% slower so) and at d = 64
+ * with one (without, the tile loop costs 3-5%; measured: docs/08_fa3.md). bc=N chooses another key tile of the head dim (128 or 176 at d = 128, 64 or 80
  * at d = 256). */
 static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
 {
     f->pingpong = p->d <= 128;
     f->overlap = 1;
     f->ws = 1;
-    f->persistent = p->d == 128 || (p->d == 256 && !p->causal);
+    f->persistent = p->d == 128 || (p->d == 256 && !p->causal) || (p->d == 64 && p->causal);
     f->stages = STAGES;
     /* The causal order's sections: as many heads as have K and V within L2_KV_BYTES, at least one,
      * at most all (so that G times the row tiles stays within the tile count). */
@@ -700,9 +709,9 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
         else if (!strcmp(t, "nopingpong")) f->pingpong = 0;
         else if (!strcmp(t, "nooverlap")) f->overlap = 0;
         else if (!strcmp(t, "nows")) f->ws = 0;
-        else if (!strcmp(t, "persistent") && p->d == 64) {
-            snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: head dim 64 runs one query tile a block (no "
-                     "persistent grid: its tile loop cost 3%%, docs/08_fa3.md)", env);
+        else if (!strcmp(t, "persistent") && p->d == 64 && !p->causal) {
+            snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: head dim 64 without a causal mask runs one query "
+                     "tile a block (no persistent grid: its tile loop cost 3%%, docs/08_fa3.md)", env);
             return 1;
         } else if (!strcmp(t, "persistent")) f->persistent = 1;
         else if (!strcmp(t, "nopersistent")) f->persistent = 0;
@@ -836,13 +845,13 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
         return cudaErrorInvalidValue;
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    /* One block per query tile (at d = 64 a 3-D grid, tile_of), or (persistent) one per SM, each
-     * walking its share. */
+    /* One block per query tile (at d = 64 without a causal mask a 3-D grid, tile_of), or
+     * (persistent) one per SM, each taking tiles from the counter. */
     const int n_i = attn_ceil_div(p->N_q, Br(p->d)), n_tiles = n_i * p->H * p->B;
     int dev = 0, sms = 0;
     ATTN_TRY(cudaGetDevice(&dev));
     ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const dim3 grid = p->d == 64 ? dim3(n_i, p->H, p->B)
+    const dim3 grid = p->d == 64 && !(p->causal && f.persistent) ? dim3(n_i, p->H, p->B)
                     : dim3(f.persistent && f.ws && n_tiles > sms ? sms : n_tiles);
 #ifndef TRACE
     if (grid.x < (unsigned)n_tiles)   /* blocks take their tiles after the first from a counter */
