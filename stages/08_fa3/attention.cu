@@ -18,7 +18,8 @@
  *   d = 128 and 256 O is rescaled only when a row's max grows past 2^8 (FA-4's lazy rescale).
  * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
  *   list of nopingpong, nooverlap, nows (the loads issued by a consumer thread, as in 07),
- *   stages=1, nopersistent, bc=N (another key tile); pingpong (d = 256), persistent (causal d = 256).
+ *   stages=1, nopersistent, bc=N (another key tile); pingpong (d = 256), persistent (causal
+ *   d = 256).
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
  *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
  * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (causal from N_k = 4096) and 80 at d = 256;
@@ -540,14 +541,17 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
  * blockIdx.x and then what the counter hands it, each tile's loads issued under the last one's
  * epilogue. d, bc and fp16 are literals at each call site. */
 static __device__ __forceinline__ void tiled_attention(attn_problem p, const attn_args a,
-                                                       const fa3_opts f, const CUtensorMap *tmQ,
+                                                       fa3_opts f, const CUtensorMap *tmQ,
                                                        const CUtensorMap *tmK,
                                                        const CUtensorMap *tmV,
                                                        const CUtensorMap *tmO, const int overlap,
-                                                       const int causal, const int d, const int bc,
-                                                       const int fp16)
+                                                       const int ws, const int causal, const int d,
+                                                       const int bc, const int fp16)
 {
     if (causal >= 0) p.causal = causal;   /* a literal in the wide kernels (else ptxas spills) */
+    /* A literal: with the consumer's loads of `nows` in the step, even never taken, ptxas keeps
+     * the step's counters, addresses and descriptors in vector registers (3.5-4.5% slower). */
+    f.ws = ws;
     const fa3_smem sm = smem_layout(d, bc);
     /* The warpgroup, broadcast from lane 0: ptxas then knows it is one value across the warp and
      * keeps what follows from it (Q_i's descriptors, the first row, the loop bounds) in uniform
@@ -637,15 +641,18 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
 typedef void (*attention_fn)(attn_problem, attn_args, fa3_opts, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap);
-#define KERNEL(name, d, bc, causal, fp16, overlap)                                              \
+#define KERNEL(name, d, bc, causal, fp16, overlap, ws)                                          \
     static __global__ void __launch_bounds__(THREADS(d), 1)                                     \
     name(attn_problem p, attn_args a, fa3_opts f, const __grid_constant__ CUtensorMap tmQ,       \
          const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,       \
          const __grid_constant__ CUtensorMap tmO)                                                \
-    { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, causal, d, bc, fp16); }
-/* Each kernel and its nooverlap twin, whose softmax waits for both products (the ablation). */
-#define KERNELS(name, d, bc, causal, fp16) \
-    KERNEL(name, d, bc, causal, fp16, 1) KERNEL(name##_nooverlap, d, bc, causal, fp16, 0)
+    { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, ws, causal, d, bc, fp16); }
+/* Each kernel and its twins for the ablation: nooverlap (the softmax waits for both products),
+ * nows (a consumer thread loads), and both. */
+#define KERNELS(name, d, bc, causal, fp16)                                                      \
+    KERNEL(name, d, bc, causal, fp16, 1, 1) KERNEL(name##_nooverlap, d, bc, causal, fp16, 0, 1) \
+    KERNEL(name##_nows, d, bc, causal, fp16, 1, 0) KERNEL(name##_nooverlap_nows, d, bc, causal, fp16, 0, 0)
+#define TWINS(name) { name, name##_nooverlap, name##_nows, name##_nooverlap_nows }
 KERNELS(attention_64_bf16, 64, 128, -1, 0)
 KERNELS(attention_64_fp16, 64, 128, -1, 1)
 KERNELS(attention_64_causal_bf16, 64, 128, 1, 0)
@@ -661,33 +668,30 @@ KERNELS(attention_256_fp16, 256, 64, -1, 1)
 KERNELS(attention_256_bc80_bf16, 256, 80, -1, 0)
 KERNELS(attention_256_bc80_fp16, 256, 80, -1, 1)
 
+/* The kernel for the problem and the switches: a row per head dim, key tile, mask and dtype, a
+ * column per twin. */
 static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
 {
-    const int fp16 = p->dtype == ATTN_FP16, wide = f->bc == 176;
-    if (f->overlap) {
-        if (p->d == 64 && p->causal && f->persistent) return fp16 ? attention_64_causal_fp16 : attention_64_causal_bf16;
-        if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
-        if (wide && p->causal) return fp16 ? attention_128_bc176_causal_fp16 : attention_128_bc176_causal_bf16;
-        if (wide) return fp16 ? attention_128_bc176_fp16 : attention_128_bc176_bf16;
-        if (p->d == 128) return fp16 ? attention_128_fp16 : attention_128_bf16;
-        if (f->bc == 80) return fp16 ? attention_256_bc80_fp16 : attention_256_bc80_bf16;
-        return fp16 ? attention_256_fp16 : attention_256_bf16;
-    }
-    if (p->d == 64 && p->causal && f->persistent) return fp16 ? attention_64_causal_fp16_nooverlap : attention_64_causal_bf16_nooverlap;
-    if (p->d == 64) return fp16 ? attention_64_fp16_nooverlap : attention_64_bf16_nooverlap;
-    if (wide && p->causal) return fp16 ? attention_128_bc176_causal_fp16_nooverlap : attention_128_bc176_causal_bf16_nooverlap;
-    if (wide) return fp16 ? attention_128_bc176_fp16_nooverlap : attention_128_bc176_bf16_nooverlap;
-    if (p->d == 128) return fp16 ? attention_128_fp16_nooverlap : attention_128_bf16_nooverlap;
-    if (f->bc == 80) return fp16 ? attention_256_bc80_fp16_nooverlap : attention_256_bc80_bf16_nooverlap;
-    return fp16 ? attention_256_fp16_nooverlap : attention_256_bf16_nooverlap;
+    static const attention_fn k[][4] = {
+        TWINS(attention_64_bf16), TWINS(attention_64_fp16),
+        TWINS(attention_64_causal_bf16), TWINS(attention_64_causal_fp16),
+        TWINS(attention_128_bf16), TWINS(attention_128_fp16),
+        TWINS(attention_128_bc176_bf16), TWINS(attention_128_bc176_fp16),
+        TWINS(attention_128_bc176_causal_bf16), TWINS(attention_128_bc176_causal_fp16),
+        TWINS(attention_256_bf16), TWINS(attention_256_fp16),
+        TWINS(attention_256_bc80_bf16), TWINS(attention_256_bc80_fp16) };
+    const int row = p->d == 64 ? (p->causal && f->persistent ? 2 : 0)
+                  : p->d == 128 ? (f->bc != 176 ? 4 : p->causal ? 8 : 6)
+                  : f->bc == 80 ? 12 : 10;
+    return k[row + (p->dtype == ATTN_FP16)][!f->overlap + 2 * !f->ws];
 }
 
 /* ATTN_FA3 (unset or empty: the defaults) into *f; 0, or 1 with why set for an unknown switch.
  * Defaults: everything on, 2 stages, key_tile's tile; ping-pong off at d = 256, where one
  * warpgroup's 128 O registers leave no room for the schedule to matter; a persistent grid at
  * d = 128, at d = 256 without a causal mask (its causal tiles ran 1-10% slower so) and at d = 64
- * with one (without, the tile loop costs 3-5%; measured: docs/08_fa3.md). bc=N chooses another key tile of the head dim (128 or 176 at d = 128, 64 or 80
- * at d = 256). */
+ * with one (without, the tile loop costs 3-5%; measured: docs/08_fa3.md). bc=N chooses another
+ * key tile of the head dim (128 or 176 at d = 128, 64 or 80 at d = 256). */
 static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
 {
     f->pingpong = p->d <= 128;
