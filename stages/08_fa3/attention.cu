@@ -106,13 +106,14 @@ static __device__ __forceinline__ void trace(const attn_args *a, int step, int e
 
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x
  * K_j [bc][d]; STAGES x V_j [bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its store:
- * o_place); then the mbarriers: Q's full and empty ones, O's (its store has read V's ring), and full K, full V,
- * empty K, empty V, STAGES of each. */
+ * o_place); then the mbarriers: Q's full and empty ones, O's (its store has read V's ring), and
+ * full K, full V, empty K, empty V, STAGES of each; then two ints, the posted query tile. */
 typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot; } fa3_smem;
 
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d, int bc)
 {
-    return (size_t)((d == 64 ? 2 : 1) * Br(d) + STAGES * 2 * bc) * d * 2 + (3 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
+    return (size_t)((d == 64 ? 2 : 1) * Br(d) + STAGES * 2 * bc) * d * 2
+           + (3 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
 }
 
 static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
