@@ -16,18 +16,15 @@
  *   first over sections of heads whose K and V fit in L2 (FA-3's LPT).
  * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store. At
  *   d = 128 and 256 O is rescaled only when a row's max grows past 2^8 (FA-4's lazy rescale).
- * Switches (compiled in, chosen at run time, for the ablation): ATTN_FA3 = a comma-separated
- *   list of nopingpong, nooverlap, nows (the loads issued by a consumer thread, as in 07),
- *   stages=1, nopersistent, bc=N (another key tile); pingpong (d = 256), persistent (causal
- *   d = 256).
+ * Switches (for the ablation): ATTN_FA3 = a list of nopingpong, nooverlap, nows (a consumer
+ *   thread loads, as in 07), stages=1, nopersistent, bc=N, pingpong, persistent.
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
  *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
  * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (causal from N_k = 4096) and 80 at d = 256;
  *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at
  *   d = 128 and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
  * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (160 KiB
- *   with 128 keys), 224 KiB at d = 256, 112 KiB with O's tile at d = 64. Forward only; compute
- *   capability 9.0 only.
+ *   with 128 keys), 224 KiB at d = 256, 112 KiB with O's tile at d = 64. Forward, sm_90a only.
  *
  * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
  *      ATTN_FA3=nopingpong,nooverlap build/08_fa3 --seqlen 8192 --dim 128 --bench
@@ -874,7 +871,8 @@ ATTN_EXPORT const attn_stage stage_08_fa3 = {
     "08_fa3",
     "FlashAttention-3's forward: a TMA producer warpgroup, ping-pong consumers, softmax under the products",
     "head dim 64, 128 or 256; bf16, fp16; any N; causal; GQA; forward only; compute capability 9.0 "
-    "only; ATTN_FA3 switches (nopingpong, nooverlap, nows, stages=1, nopersistent, bc=N) for the ablation",
+    "only; ATTN_FA3 switches (nopingpong, nooverlap, nows, stages=1, nopersistent, bc=N, pingpong, "
+    "persistent) for the ablation",
     90,
     check,
     workspace,
