@@ -713,7 +713,7 @@ static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
         else if (!strcmp(t, "nows")) f->ws = 0;
         else if (!strcmp(t, "persistent") && p->d == 64 && !p->causal) {
             snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: head dim 64 without a causal mask runs one query "
-                     "tile a block (no persistent grid: its tile loop cost 3%%, docs/08_fa3.md)", env);
+                     "tile a block (no persistent grid: its tile loop cost 3-5%%, docs/08_fa3.md)", env);
             return 1;
         } else if (!strcmp(t, "persistent")) f->persistent = 1;
         else if (!strcmp(t, "nopersistent")) f->persistent = 0;
