@@ -257,6 +257,7 @@ typedef struct {
     const fa3_opts *f;
     const CUtensorMap *tmK, *tmV;
     int cw, b, h_kv, Tc, row0, row, loader;
+    uint64_t dQ, dK, dV;   /* wgmma descriptors of Q (this consumer's rows), K and V stage 0 */
     int t, n0;   /* the block's t-th query tile; the rings' count at its K_0, V_0 */
 } consumer;
 
@@ -280,22 +281,28 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     const fa3_smem sm = smem_layout(d, bc);   /* constants: the offsets of a fixed layout */
     const int tile_bytes = bc * d * 2, S = c->f->stages, lane = threadIdx.x % WARP;
     const int n = c->n0 + j;   /* K_j's place in the rings' count */
-    const int j0 = j * bc, st = ring_stage(n, S), pv = ring_stage(n + 1, S);   /* pv: tile j-1's */
+    /* ring_stage and ring_parity of K_j (st, ph) and of V_{j-1} (pv and ph ^ st ^ 1), shared:
+     * with sh = S != 1, S = 2, n = 2k gives stage 1 and parity (k - 1) & 1 = ph ^ 1 for V_{j-1},
+     * n = 2k + 1 stage 0 and parity k & 1 = ph; S = 1 gives stage 0 and parity (n - 1) & 1. */
+    const int sh = S != 1;
+    const int j0 = j * bc, st = n & sh, pv = st ^ sh, ph = (sh ? n >> 1 : n) & 1;   /* pv: tile j-1's */
     TRACE_AT(c->a, c->t, j, 0);
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
         load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
     /* Both tiles have landed before the first wgmma: a wait loop between two wgmmas would be a
      * divergent path there. */
-    if (has_s) mbar_wait(sm.full_k + 8 * st, ring_parity(n, S));
-    if (has_pv) mbar_wait(sm.full_v + 8 * pv, ring_parity(n - 1, S));
+    if (has_s) mbar_wait(sm.full_k + 8 * st, ph);
+    if (has_pv) mbar_wait(sm.full_v + 8 * pv, ph ^ st ^ 1);
     TRACE_AT(c->a, c->t, j, 1);
 
     if (c->f->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
     TRACE_AT(c->a, c->t, j, 2);
     wgmma_fence();
     if (has_s) {   /* S_j = Q_i K_jᵀ: the first group */
-        const uint64_t dQ = wgmma_desc(sm.Q + c->cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM);
-        const uint64_t dK = wgmma_desc_add(wgmma_desc(sm.K, 16, SWIZZLE_ATOM), st * tile_bytes);
+        /* Built once at the consumer's start, except at d = 256 (there the kept descriptors
+         * cost the 80-key tile a spill). */
+        const uint64_t dQ = d != 256 ? c->dQ : wgmma_desc(sm.Q + c->cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM);
+        const uint64_t dK = wgmma_desc_add(d != 256 ? c->dK : wgmma_desc(sm.K, 16, SWIZZLE_ATOM), st * tile_bytes);
 #pragma unroll
         for (int k = 0; k < d / WGMMA_K; k++) {
             const int box = k * WGMMA_K / BOX_COLS, in_box = k * WGMMA_K % BOX_COLS * 2;
@@ -314,7 +321,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         wgmma_commit();
     }
     if (has_pv) {   /* O += P_{j-1} V_{j-1}: the second */
-        const uint64_t dV = wgmma_desc_add(wgmma_desc(sm.V, bc * BOX_ROW, SWIZZLE_ATOM), pv * tile_bytes);
+        const uint64_t dV = wgmma_desc_add(d != 256 ? c->dV : wgmma_desc(sm.V, bc * BOX_ROW, SWIZZLE_ATOM), pv * tile_bytes);
 #pragma unroll
         for (int k = 0; k < bc / WGMMA_K; k++) {
             const uint64_t b_k = wgmma_desc_add(dV, k * WGMMA_K * BOX_ROW);
@@ -334,7 +341,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
      * more than the products it saves (docs/08_fa3.md). */
     const int lazy = d >= 128;
     int rescale = 0;
-    float alpha[2];
+    float alpha[2], m_old[2], l_tile[2];
     if (has_s) {
         /* S_j is final once at most the PV group is still in flight (overlap), or none. */
         if (has_pv && overlap) wgmma_wait_1();
@@ -345,23 +352,22 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         if (masked) mask_scores(s, bc / MMA_N, c->row, j0 + 2 * (lane % QUAD), p.N_k, p.causal);
 
         /* Online softmax in the log2 domain, as in 06 and 07. */
-        float m_use[2], l_tile[2];
+        float m_use[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float mx = -INFINITY;
+            float mx = fmaxf(s[0][2 * r], s[0][2 * r + 1]);
 #pragma unroll
-            for (int n = 0; n < bc / MMA_N; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            for (int n = 1; n < bc / MMA_N; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
             const float m_new = fmaxf(m[r], row_max(mx) * (p.scale * LOG2E));
+            /* Only a masked step can leave a row with no key (m = -inf); the lazy path's alpha
+             * and l wait for the warp's (rare) rescale branch below. */
+            m_old[r] = m[r];
             if (!lazy || m_new > m[r] + RESCALE_LOG2) {   /* m is the running max */
-                m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-                alpha[r] = exp2_fast(m[r] - m_use[r]);
                 m[r] = m_new;
                 rescale = 1;
-            } else {   /* lazy: m stays, P_ij <= 2^RESCALE_LOG2, O and l as they are */
-                m_use[r] = m[r] == -INFINITY ? 0.0f : m[r];
-                alpha[r] = 1.0f;
-            }
-            l_tile[r] = 0.0f;
+            }   /* else lazy: m stays, P_ij <= 2^RESCALE_LOG2, O and l as they are */
+            m_use[r] = masked && m[r] == -INFINITY ? 0.0f : m[r];
+            if (!lazy) alpha[r] = exp2_fast(m_old[r] - m_use[r]);
         }
         if (lazy) rescale = __any_sync(0xffffffffu, rescale);
 #pragma unroll
@@ -369,10 +375,12 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 s[n][k] = exp2_fast(fmaf(s[n][k], (p.scale * LOG2E), -m_use[k / 2]));   /* P_ij */
-                l_tile[k / 2] += s[n][k];
+                /* l_tile starts at the row's first P (k = 0: row 0, k = 2: row 1), not at 0 */
+                l_tile[k / 2] = n == 0 && k % 2 == 0 ? s[n][k] : l_tile[k / 2] + s[n][k];
             }
+        if (!lazy)
 #pragma unroll
-        for (int r = 0; r < 2; r++) l[r] = alpha[r] * l[r] + l_tile[r];
+            for (int r = 0; r < 2; r++) l[r] = alpha[r] * l[r] + l_tile[r];
         TRACE_AT(c->a, c->t, j, 5);
     }
     if (has_pv) {
@@ -386,11 +394,20 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
     if (has_s) {
         if (rescale) {   /* some row of the warp moved its max */
+            if (lazy)   /* a row that kept its max keeps O and l (alpha exactly 1, as before) */
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    alpha[r] = m[r] == m_old[r] ? 1.0f : exp2_fast(m_old[r] - m[r]);   /* moved: m finite */
+                    l[r] = alpha[r] * l[r] + l_tile[r];
+                }
 #pragma unroll
             for (int n = 0; n < d / MMA_N; n++) {
                 o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
                 o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
             }
+        } else if (lazy) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) l[r] += l_tile[r];
         }
 #pragma unroll
         for (int k = 0; k < bc / 16; k++) {
@@ -445,6 +462,17 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     consumer c;
     c.p = &p; c.a = &a; c.f = &f; c.tmK = tmK; c.tmV = tmV;
     c.cw = cw;
+    if (d != 256) {
+        /* The step's descriptors, built once; the low word (the address) broadcast from lane 0,
+         * so that ptxas knows it is one value across the warp and keeps it in a uniform register;
+         * the high word (stride, swizzle) is a constant. */
+        const uint64_t q = wgmma_desc(sm.Q + cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM);
+        const uint64_t k = wgmma_desc(sm.K, 16, SWIZZLE_ATOM);
+        const uint64_t v = wgmma_desc(sm.V, bc * BOX_ROW, SWIZZLE_ATOM);
+        c.dQ = (q >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)q, 0);
+        c.dK = (k >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)k, 0);
+        c.dV = (v >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)v, 0);
+    }
     /* Without warp specialisation the first consumer thread is the loader, as in 07 (a block
      * then has one tile). */
     c.loader = !f.ws && threadIdx.x == WARPGROUP;
@@ -553,9 +581,8 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     const fa3_smem sm = smem_layout(d, bc);
     /* The warpgroup, broadcast from lane 0: ptxas then knows it is one value across the warp and
      * keeps what follows from it (Q_i's descriptors, the first row, the loop bounds) in uniform
-     * registers, off the vector pipes (8% faster at d = 256: docs/08_fa3.md). At d = 64 it costs
-     * the three consumers' 160 registers a spill: there, the plain index. */
-    const int wg = d == 64 ? threadIdx.x / WARPGROUP : __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
+     * registers, off the vector pipes (8% faster at d = 256: docs/08_fa3.md). */
+    const int wg = __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
     /* Whether a block walks tiles of a 1-D grid (which may be persistent), or has one: at d = 64
      * the tile loop costs the three consumers' 160 registers 3-5% (docs/08_fa3.md), which only
      * the causal kernels (causal 1) pay. A persistent grid (fewer blocks than tiles) takes them
