@@ -413,7 +413,10 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
         { 1, 2, 1, 4100, 128, 1, 1 },
         /* 240, 192, 160 and 144 query tiles (causal: of unequal lengths, from the counter) */
         { 1, 24, 8, 1200, 128, 0, 1 }, { 1, 32, 8, 700, 128, 1, 0 }, { 1, 40, 40, 500, 256, 1, 0 },
-        { 1, 24, 8, 1100, 64, 1, 1 } };
+        { 1, 24, 8, 1100, 64, 1, 1 },
+        /* 144 tiles from the counter whose last two consumers of a head's last tile have no row
+         * (1000 = 5 x 192 + 40: pass_step) */
+        { 1, 24, 8, 1000, 64, 1, 0 } };
     int failures = 0, ran = 0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N,

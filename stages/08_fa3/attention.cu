@@ -419,6 +419,22 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     }
 }
 
+/* Step j of a consumer whose 64 rows all lie past N_q (in a head's last query tile when N_q is
+ * not a multiple of Br): no products, only its part in the turns and in the rings' releases,
+ * each release after its tile has landed, so that it counts toward that tile's phase. */
+static __device__ __forceinline__ void pass_step(const consumer *c, int j, const int d, const int bc)
+{
+    const fa3_smem sm = smem_layout(d, bc);
+    const int S = c->f->stages, lane = threadIdx.x % WARP, n = c->n0 + j;
+    const int sh = S != 1, st = n & sh, pv = st ^ sh, ph = (sh ? n >> 1 : n) & 1;
+    if (j < c->Tc) mbar_wait(sm.full_k + 8 * st, ph);
+    if (j > 0) mbar_wait(sm.full_v + 8 * pv, ph ^ st ^ 1);
+    if (c->f->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
+    if (c->f->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
+    if (j < c->Tc && lane == 0) mbar_arrive(sm.empty_k + 8 * st);
+    if (j > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * pv);
+}
+
 /* The query tile a block of a persistent grid takes after tile u: from the counter at the start
  * of the workspace, which hands them out in tile_of's order to whichever block asks first (a
  * dynamic scheduler: causal tiles differ in length). */
@@ -517,13 +533,18 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
          * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
          * past N_k) take the masked copy of the step. */
         const int Tc = c.Tc, n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / bc);
-        if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, overlap, d, bc, fp16);
-        else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, overlap, d, bc, fp16);
-        for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, overlap, d, bc, fp16);
-        for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, bc, fp16);
+        if (c.row0 >= p.N_q) {   /* no row of this warpgroup exists: its O is clipped by the store */
+            for (int j = 0; j < Tc; j++) pass_step(&c, j, d, bc);
+        } else {
+            if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, overlap, d, bc, fp16);
+            else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, overlap, d, bc, fp16);
+            for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, overlap, d, bc, fp16);
+            for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, bc, fp16);
+        }
         /* Every S product of this tile is complete: the producer may load the next Q_i. */
         if (lane == 0) mbar_arrive(sm.empty_q);
-        consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, bc, fp16);
+        if (c.row0 >= p.N_q) pass_step(&c, Tc, d, bc);
+        else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, bc, fp16);
 
         /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i is staged in shared memory (o_place;
          * in V's ring as FA-3 does, when the block walks tiles), then leaves by one TMA store per
