@@ -403,13 +403,17 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
                                             "pingpong", "nopingpong,nooverlap,nows,stages=1",
                                             "bc=128", "bc=176", "bc=176,nooverlap", "bc=64",
                                             "bc=64,nooverlap", "persistent", "nopersistent",
-                                            "persistent,nopingpong,nooverlap,stages=1" };
+                                            "persistent,nopingpong,nooverlap,stages=1",
+                                            /* the 176-key kernels' twins (the default only
+                                             * from 8192 keys, 16384 causal) */
+                                            "bc=176,nows", "bc=176,nooverlap,nows",
+                                            "bc=176,stages=1,nopingpong", "bc=176,nopersistent" };
     static const struct { int B, H, H_kv, N, d, causal, fp16; } shapes[] = {
         { 2, 4, 2, 1000, 128, 1, 0 }, { 1, 2, 2, 255, 64, 0, 1 }, { 2, 2, 1, 17, 256, 1, 0 },
         { 1, 2, 2, 4097, 64, 1, 0 }, { 1, 2, 1, 300, 256, 0, 1 },
-        /* d = 128 without a causal mask: the 176-key tile, N not a multiple of it */
+        /* d = 128 without a causal mask: N a multiple of neither key tile (128, 176) */
         { 2, 4, 2, 1000, 128, 0, 0 }, { 1, 2, 2, 353, 128, 0, 1 },
-        /* causal d = 128 from 4096 keys: the 176-key tile with the diagonal masked */
+        /* causal d = 128 past 4096 keys: a diagonal masked in both key tiles */
         { 1, 2, 1, 4100, 128, 1, 1 },
         /* 240, 192, 160 and 144 query tiles (causal: of unequal lengths, from the counter) */
         { 1, 24, 8, 1200, 128, 0, 1 }, { 1, 32, 8, 700, 128, 1, 0 }, { 1, 40, 40, 500, 256, 1, 0 },

@@ -20,7 +20,7 @@
  *   thread loads, as in 07), stages=1, nopersistent, bc=N, pingpong, persistent.
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
  *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
- * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (causal from N_k = 4096) and 80 at d = 256;
+ * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (from N_k = 8192, causal 16384), 80 at d = 256;
  *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at
  *   d = 128 and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
  * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (160 KiB
@@ -58,18 +58,22 @@
 #define D_MAX   256   /* largest head dim supported */
 
 /* Keys per K_j, V_j tile: 128, and FA-3's 176 at d = 128 and 80 at d = 256, where a wider tile
- * spreads each step's fixed work (row max, rescaling O, the turn, the waits) over more keys;
- * with a causal mask it also widens the masked diagonal, which at d = 128 costs more than it
- * saves below WIDE_CAUSAL_MIN_N keys (measured: docs/08_fa3.md). A literal in each kernel: bc. */
+ * spreads each step's fixed work (row max, rescaling O, the turn, the waits) over more keys.
+ * At d = 128 the 176-key tile pays only from WIDE_MIN_N keys (WIDE_CAUSAL_MIN_N with a causal
+ * mask, whose diagonal it widens): below, its partial last tile (2048 = 11 x 176 + 112) costs
+ * more than it saves (measured: docs/08_fa3.md). A literal in each kernel: bc. */
+#ifndef WIDE_MIN_N
+#define WIDE_MIN_N 8192
+#endif
 #ifndef WIDE_CAUSAL_MIN_N
-#define WIDE_CAUSAL_MIN_N 4096
+#define WIDE_CAUSAL_MIN_N 16384
 #endif
 /* The share of L2 (50 MiB on the H200) that one section of the causal order's heads may fill with
  * K and V (tile_of): 16 MiB measured faster than 8 and 32 (docs/08_fa3.md). */
 #define L2_KV_BYTES (16u << 20)
 static __host__ __forceinline__ int key_tile(int d, int causal, int N_k)
 {
-    return d == 128 && (!causal || N_k >= WIDE_CAUSAL_MIN_N) ? 176 : d <= 128 ? 128 : 80;
+    return d == 128 && N_k >= (causal ? WIDE_CAUSAL_MIN_N : WIDE_MIN_N) ? 176 : d <= 128 ? 128 : 80;
 }
 
 /* The schedule's switches (ATTN_FA3, parsed by the host). */
