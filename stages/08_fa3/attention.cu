@@ -176,6 +176,18 @@ static __device__ __forceinline__ uint32_t ring_parity(int j, int stages)
     return (stages == 1 ? j : j >> 1) & 1;
 }
 
+/* ring_stage and ring_parity of K_j (count n: stage st, parity ph) and V_{j-1}'s stage pv, in
+ * one go for a step: with sh = S != 1, S = 2, n = 2k gives V_{j-1} stage 1 and parity
+ * (k - 1) & 1 = ph ^ 1, n = 2k + 1 stage 0 and parity k & 1 = ph; S = 1 gives stage 0 and
+ * parity (n - 1) & 1 = ph ^ 1. So V_{j-1}'s parity is ph ^ st ^ 1 in every case. */
+static __device__ __forceinline__ void ring_pair(int n, int S, int *st, int *pv, int *ph)
+{
+    const int sh = S != 1;
+    *st = n & sh;
+    *pv = *st ^ sh;
+    *ph = (sh ? n >> 1 : n) & 1;
+}
+
 /* The producer's two steps for tile j (keys j0 .. j0+bc-1 of kv head h_kv), the ring's n-th
  * (n counts on across a block's query tiles): wait until every consumer warp has released the
  * ring stage tile n uses (its empty barrier's previous phase; the first lap passes at once), arm
@@ -285,11 +297,9 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     const fa3_smem sm = smem_layout(d, bc);   /* constants: the offsets of a fixed layout */
     const int tile_bytes = bc * d * 2, S = c->f->stages, lane = threadIdx.x % WARP;
     const int n = c->n0 + j;   /* K_j's place in the rings' count */
-    /* ring_stage and ring_parity of K_j (st, ph) and of V_{j-1} (pv and ph ^ st ^ 1), shared:
-     * with sh = S != 1, S = 2, n = 2k gives stage 1 and parity (k - 1) & 1 = ph ^ 1 for V_{j-1},
-     * n = 2k + 1 stage 0 and parity k & 1 = ph; S = 1 gives stage 0 and parity (n - 1) & 1. */
-    const int sh = S != 1;
-    const int j0 = j * bc, st = n & sh, pv = st ^ sh, ph = (sh ? n >> 1 : n) & 1;   /* pv: tile j-1's */
+    int st, pv, ph;   /* K_j's stage and parity, V_{j-1}'s stage (its parity: ph ^ st ^ 1) */
+    ring_pair(n, S, &st, &pv, &ph);
+    const int j0 = j * bc;
     TRACE_AT(c->a, c->t, j, 0);
     if (c->loader && j + S - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
         load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
@@ -430,7 +440,8 @@ static __device__ __forceinline__ void pass_step(const consumer *c, int j, const
 {
     const fa3_smem sm = smem_layout(d, bc);
     const int S = c->f->stages, lane = threadIdx.x % WARP, n = c->n0 + j;
-    const int sh = S != 1, st = n & sh, pv = st ^ sh, ph = (sh ? n >> 1 : n) & 1;
+    int st, pv, ph;
+    ring_pair(n, S, &st, &pv, &ph);
     if (j < c->Tc) mbar_wait(sm.full_k + 8 * st, ph);
     if (j > 0) mbar_wait(sm.full_v + 8 * pv, ph ^ st ^ 1);
     if (c->f->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
