@@ -12,8 +12,9 @@
  *   after the softmax of tile j, so the exponentials can run under the warpgroup's own product.
  * - A persistent grid (d = 128; 256 without a causal mask, 64 with one): one block per SM takes
  *   query tiles from an atomic counter, the next Q_i and K_0 loading under the last tile's P V
- *   and epilogue (O staged in V's ring, at d = 64 in a tile of its own); causal tiles go longest
- *   first over sections of heads whose K and V fit in L2 (FA-3's LPT).
+ *   and epilogue (a tile earlier where Q_i has two buffers; O staged in V's ring, at d = 64 in a
+ *   tile of its own); causal tiles go longest first over sections of heads whose K and V fit in
+ *   L2 (FA-3's LPT).
  * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store. At
  *   d = 128 and 256 O is rescaled only when a row's max grows past 2^8 (FA-4's lazy rescale).
  * Switches (for the ablation): ATTN_FA3 = a list of nopingpong, nooverlap, nows (a consumer
@@ -23,8 +24,8 @@
  * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (from N_k = 8192, causal 16384), 80 at d = 256;
  *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at
  *   d = 128 and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
- * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (160 KiB
- *   with 128 keys), 224 KiB at d = 256, 112 KiB with O's tile at d = 64. Forward, sm_90a only.
+ * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (192 KiB
+ *   with 128 keys and two Q_i), 224 KiB at d = 256, 112 KiB with O's tile at d = 64. sm_90a.
  *
  * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
  *      ATTN_FA3=nopingpong,nooverlap build/08_fa3 --seqlen 8192 --dim 128 --bench
@@ -105,16 +106,21 @@ static __device__ __forceinline__ void trace(const attn_args *a, int step, int e
 #define TRACE_AT(a, t, step, event)
 #endif
 
-/* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x
- * K_j [bc][d]; STAGES x V_j [bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its store:
- * o_place); then the mbarriers: Q's full and empty ones, O's (its store has read V's ring), and
- * full K, full V, empty K, empty V, STAGES of each; then two ints, the posted query tile. */
+/* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_BUFS x Q_i [Br][d];
+ * STAGES x K_j [bc][d]; STAGES x V_j [bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its
+ * store: o_place); then the mbarriers: Q's full and empty ones (two of each), O's (its store has
+ * read V's ring), and full K, full V, empty K, empty V, STAGES of each; then two ints, the posted
+ * query tile. */
 typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot; } fa3_smem;
 
+/* Q_i's buffers: two where shared memory has room for a second (d = 128 with 128-key tiles: 192
+ * of 227 KiB), so that a walking block's next Q_i loads while its last tile still reads the
+ * other; else one, reloaded once the last tile's S products are done. */
+#define Q_BUFS(d, bc) ((d) == 128 && (bc) == 128 ? 2 : 1)
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d, int bc)
 {
-    return (size_t)((d == 64 ? 2 : 1) * Br(d) + STAGES * 2 * bc) * d * 2
-           + (3 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
+    return (size_t)((Q_BUFS(d, bc) + (d == 64)) * Br(d) + STAGES * 2 * bc) * d * 2
+           + (5 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
 }
 
 static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
@@ -123,13 +129,13 @@ static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
     fa3_smem m;
     const uint32_t tile = bc * d * 2;
     m.Q = smem_u32(smem);
-    m.K = m.Q + Br(d) * d * 2;
+    m.K = m.Q + Q_BUFS(d, bc) * Br(d) * d * 2;
     m.V = m.K + STAGES * tile;
     m.O = m.V + STAGES * tile;   /* d = 64: O's own tile (a persistent grid's, o_place) */
     m.bar_q = m.O + (d == 64 ? Br(d) * d * 2 : 0);
-    m.empty_q = m.bar_q + 8;
-    m.o_free = m.bar_q + 16;
-    m.full_k = m.bar_q + 24;
+    m.empty_q = m.bar_q + 16;
+    m.o_free = m.bar_q + 32;
+    m.full_k = m.bar_q + 40;
     m.full_v = m.full_k + 8 * STAGES;
     m.empty_k = m.full_v + 8 * STAGES;
     m.empty_v = m.empty_k + 8 * STAGES;
@@ -464,23 +470,25 @@ static __device__ __forceinline__ int next_tile_of(const attn_args a, int u)
 }
 
 /* The producer posts the block's t-th query tile (n_tiles: none left) in slot[t & 1] before it
- * arms Q's barrier for it; a consumer reads it once that phase is complete. */
+ * arms Q's barrier for it; a consumer reads it once that phase is complete. Q_i's buffers are a
+ * ring of Q_BUFS stages: tile t's is ring_stage(t, Q_BUFS), its barriers' ring_parity(t, Q_BUFS). */
 static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int u)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1] = u;
 }
 
-static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t)
+static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t, const int d, const int bc)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    mbar_wait(sm.bar_q, t & 1);
+    mbar_wait(sm.bar_q + 8 * ring_stage(t, Q_BUFS(d, bc)), ring_parity(t, Q_BUFS(d, bc)));
     return ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1];
 }
 
 /* A consumer warpgroup: rows cw * 64 .. of each of the block's query tiles (its one, or those
  * the producer posts). Per tile, step 0 has only S_0, the steps 1 .. Tc-1 both products,
- * step Tc only the last PV; then the epilogue, while the producer loads the next Q_i and K_0. */
+ * step Tc only the last PV; then the epilogue, while the producer loads the next K_0 (and the
+ * next Q_i, unless it is already in Q's other buffer). */
 static __device__ __forceinline__ void consume(const attn_problem p, const attn_args a,
                                                const fa3_opts f, const fa3_smem sm,
                                                const CUtensorMap *tmQ, const CUtensorMap *tmK,
@@ -514,8 +522,11 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     c.t = 0;
     /* A block of a persistent grid takes its tiles from the producer; one of a tile a block has
      * blockIdx.x (1-D) or the block's indices (3-D, tile_of). */
-    for (int u = counted ? posted_tile(sm, 0) : walk ? blockIdx.x : 0; u < n_tiles;
-         u = counted ? posted_tile(sm, c.t + 1) : n_tiles, c.t++) {
+    const uint64_t dQ = c.dQ;   /* Q's first buffer */
+    for (int u = counted ? posted_tile(sm, 0, d, bc) : walk ? blockIdx.x : 0; u < n_tiles;
+         u = counted ? posted_tile(sm, c.t + 1, d, bc) : n_tiles, c.t++) {
+        const int qs = ring_stage(c.t, Q_BUFS(d, bc));   /* this tile's Q_i buffer */
+        if (d != 256) c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d * 2);
         int h, i0;
         tile_of(p, f.group, u, d, walk, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
@@ -542,7 +553,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
             for (int k = 0; k < 4; k++) o[n][k] = 0.0f;
         float s[BC_MAX / MMA_N][4];
         uint32_t pa[BC_MAX / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
-        mbar_wait(sm.bar_q, c.t & 1);
+        mbar_wait(sm.bar_q + 8 * qs, ring_parity(c.t, Q_BUFS(d, bc)));
 
         /* Tiles 0 .. n_full-1 need no mask: every key inside N_k and, when causal, at or before
          * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
@@ -557,7 +568,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
             for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, bc, fp16);
         }
         /* Every S product of this tile is complete: the producer may load the next Q_i. */
-        if (lane == 0) mbar_arrive(sm.empty_q);
+        if (lane == 0) mbar_arrive(sm.empty_q + 8 * qs);
         if (c.row0 >= p.N_q) pass_step(&c, Tc, d, bc);
         else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, bc, fp16);
 
@@ -632,8 +643,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
      * consumer warpgroup (its store has read V's ring). */
     if (threadIdx.x == 0) {
         if (sm.Q % SWIZZLE_ATOM) hopper_fail();   /* the swizzled boxes need 1024-byte alignment */
-        mbar_init(sm.bar_q, 1);
-        mbar_init(sm.empty_q, CONSUMERS(d) * 4);
+        for (int q = 0; q < 2; q++) {
+            mbar_init(sm.bar_q + 8 * q, 1);
+            mbar_init(sm.empty_q + 8 * q, CONSUMERS(d) * 4);
+        }
         mbar_init(sm.o_free, CONSUMERS(d));
         for (int s = 0; s < STAGES; s++) {
             mbar_init(sm.full_k + 8 * s, 1);
@@ -658,12 +671,15 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                 tile_of(p, f.group, u, d, walk, &b, &h, &i0);
                 const int h_kv = h / (p.H / p.H_kv);
                 const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
-                /* Q_i once the consumers' S products of the last tile are complete. */
-                mbar_wait(sm.empty_q, (t & 1) ^ 1);
+                /* Q_i once the consumers' S products of the tile before that used its buffer
+                 * are complete: the last tile (one buffer), or the one before it (two). */
+                const int qs = ring_stage(t, Q_BUFS(d, bc));
+                const uint32_t Qt = sm.Q + qs * Br(d) * d * 2, full_q = sm.bar_q + 8 * qs;
+                mbar_wait(sm.empty_q + 8 * qs, ring_parity(t, Q_BUFS(d, bc)) ^ 1);
                 if (counted) post_tile(sm, t, u);
-                mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
+                mbar_arrive_expect_tx(full_q, Br(d) * d * 2);
                 for (int c = 0; c < d / BOX_COLS; c++)
-                    tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
+                    tma_load_4d(Qt + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, full_q);
                 /* The next tile, asked for now: the counter's answer arrives under the loads. */
                 const int u_next = counted ? next_tile_of(a, u) : n_tiles;
                 if (k_ahead)
@@ -684,9 +700,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                 u = u_next;
             }
             if (counted) {   /* no tile left: the consumers wake on Q's barrier to read so */
-                mbar_wait(sm.empty_q, (t & 1) ^ 1);
+                const int qs = ring_stage(t, Q_BUFS(d, bc));
+                mbar_wait(sm.empty_q + 8 * qs, ring_parity(t, Q_BUFS(d, bc)) ^ 1);
                 post_tile(sm, t, n_tiles);
-                mbar_arrive(sm.bar_q);
+                mbar_arrive(sm.bar_q + 8 * qs);
             }
         }
     } else {
