@@ -12,9 +12,9 @@
  *   after the softmax of tile j, so the exponentials can run under the warpgroup's own product.
  * - A persistent grid (d = 128; 256 without a causal mask, 64 with one): one block per SM takes
  *   query tiles from an atomic counter, the next Q_i and K_0 loading under the last tile's P V
- *   and epilogue (a tile earlier where Q_i has two buffers; O staged in V's ring, at d = 64 in a
- *   tile of its own); causal tiles go longest first over sections of heads whose K and V fit in
- *   L2 (FA-3's LPT).
+ *   and epilogue (with two Q_i buffers, not after its S products; O staged in V's ring, at
+ *   d = 64 in a tile of its own); causal tiles go longest first over sections of heads whose K
+ *   and V fit in L2 (FA-3's LPT).
  * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store. At
  *   d = 128 and 256 O is rescaled only when a row's max grows past 2^8 (FA-4's lazy rescale).
  * Switches (for the ablation): ATTN_FA3 = a list of nopingpong, nooverlap, nows (a consumer
