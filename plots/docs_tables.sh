@@ -62,7 +62,7 @@
 #                      newest docs/logs/ablation-08-*.csv (by the date in its name) with a timed
 #                      row of every switch set at d = 64, 128 and 256; "-" where it has no time;
 #                      without such a CSV, one line says there is none yet
-#   08_fa3 d256        head dim 256 (docs/logs/d256-2026-11-30.csv, the sweep's columns): forward
+#   08_fa3 d256        head dim 256 (the CSV in D256_CSV, the sweep's columns): forward
 #                      TFLOP/s per N and masking, a column per stage in the order of the file
 #   08_fa3 key tile    ms per call of the key-tile builds (128 keys, 176, 176 with K_{j+1} loaded
 #                      before V_j) per shape: the median of the interleaved rounds of run 4 of
@@ -132,7 +132,7 @@ else
     ABLATIONS=$(printf '%s\n' docs/logs/ablation-08-*.csv |
         sed -n 's/.*-\([0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][a-z]*\)\.csv$/\1 &/p' | LC_ALL=C sort -r | cut -d ' ' -f 2)
 fi
-D256_CSV=docs/logs/d256-2026-12-01c.csv
+D256_CSV=docs/logs/d256-2026-12-01e.csv
 TILE_LOG=docs/logs/probe-08-tile-order-2026-11-30.log
 TILE_RUN=4    # its run of the key-tile builds, interleaved rounds
 NCU_RUN=10    # its run with the stage's own profile beside cuDNN's order
