@@ -70,6 +70,8 @@
 #   08_fa3 timeline    SM cycles of each phase of a consumer warpgroup's step (plots/timeline.sh's
 #                      phases), the mean over steps 2-45 of block 0, from this GPU's traces
 #                      plots/results/trace/<gpu>-08_fa3-default.csv and -nopingpong.csv
+#   08_fa3 boundary F  SM cycles of each part of a tile boundary (a consumer's last P V to its next
+#                      step 0) from the stamps of a probe build in trace CSV F, per consumer
 #   08_fa3 ncu cudnn   Nsight Compute beside cuDNN: time, SM clock, cycles (their product), tensor
 #                      pipe, L2 throughput (docs/logs/ncu/cudnn-vs-08-d128-N8192-2026-11-30.txt;
 #                      the stage as it is: run 10 of the probe log above)
@@ -667,6 +669,43 @@ gen() {
             out("")
             out(logs_source("SM cycles, the mean over steps 2-45 of block 0 of each phase of a consumer warpgroup'"'"'s step (the clock64 stamps of `make build/08_fa3 TRACE=1`; the phases of plots/timeline.sh), ping-pong on (the default) and off", files))
         }
+        # 08_fa3 boundary FILE: the parts of a tile boundary, in SM cycles, from a probe build'"'"'s
+        # stamps (block,warpgroup,step,event,cycles) of a block'"'"'s first two tiles at N = 2048 with
+        # 128 keys (16 steps): tile 0 at steps 0-16 (16: its last P V; event 7 there: O written),
+        # the epilogue'"'"'s parts at step 17, tile 1 at steps 32-, its setup at step 52; a column per
+        # consumer of blocks 0 and 1
+        function table_boundary(file,   line, f, t, np, k, nk, key, part, b, w, c, col, ok) {
+            while ((getline line < file) > 0)
+                if (split(line, f, ",") == 5 && f[1] ~ /^[01]$/) t[f[1], f[2], f[3] "." f[4]] = f[5]
+            close(file)
+            nk = split("16.6 17.1 17.2 16.7 17.0 52.0 52.1 52.3 32.0", key, " ")
+            np = split("waits and barrier before O is written|row sums, 1 / l, O scaled and rounded, 32 stores to shared memory, L|" \
+                       "proxy fence and the warpgroup'"'"'s barrier|the TMA store issued (one thread; its warp waits)|" \
+                       "the next tile read from the posted slot|the tile decoded (`tile_of`, T_c, rows)|" \
+                       "O zeroed, Q_i'"'"'s barrier, the mask split|the call into step 0", part, "|")
+            line = "| part of the boundary |"; c = 0
+            for (b = 0; b <= 1; b++)
+                for (w = 1; w <= 2; w++) {
+                    ok = 1
+                    for (k = 1; k <= nk; k++) if (!((b, w, key[k]) in t)) ok = 0
+                    if (!ok) continue
+                    col[++c] = b SUBSEP w
+                    line = line " block " b ", consumer " w - 1 " |"
+                }
+            if (c == 0) { fail("no consumer with every boundary stamp in " file); return }
+            out(""); out(line)
+            line = "|---|"; for (k = 1; k <= c; k++) line = line "--:|"; out(line)
+            for (k = 1; k < nk; k++) {
+                line = "| " part[k] " |"
+                for (w = 1; w <= c; w++) line = line " " t[col[w], key[k + 1]] - t[col[w], key[k]] " |"
+                out(line)
+            }
+            line = "| **from the last P V to step 0** |"
+            for (w = 1; w <= c; w++) line = line " **" t[col[w], key[nk]] - t[col[w], key[1]] "** |"
+            out(line)
+            out("")
+            out(logs_source("SM cycles between clock64 stamps of a probe build (`TRACE`), d = 128, N = 2048, B = 8, H = 16, 128-key tile, the boundary between a block'"'"'s first two tiles", "`" file "`"))
+        }
         # a setting of the tables of logs: the values of the lines "S KEY VALUE" of text into
         # v[1..n] (in their order); returns n
         function conf(text, s, key, v,   l, n, i, m) {
@@ -942,6 +981,7 @@ gen() {
             else if (what == "key tile") table_key_tile()
             else if (what == "timeline") table_timeline()
             else if (what == "ncu cudnn") table_ncu_cudnn()
+            else if (what ~ /^boundary [^ ]+$/) table_boundary(substr(what, 10))
             else return 0
             return 1
         }
@@ -994,7 +1034,7 @@ gen() {
             else if (nw == 2 && w[2] == "workspace") table_workspace(w[1])
             else if (nw == 2 && w[2] == "long") table_long(w[1], "c0")
             else if (nw == 2 && w[2] == "io") table_io(w[1])
-            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE bytes, bytes, ab FILE, STAGE sass, STAGE ncu, STAGE ncu vs OTHER, STAGE deterministic, 08_fa3 ablation, 08_fa3 d256, 08_fa3 key tile, 08_fa3 timeline, 08_fa3 ncu cudnn)")
+            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE bytes, bytes, ab FILE, STAGE sass, STAGE ncu, STAGE ncu vs OTHER, STAGE deterministic, 08_fa3 ablation, 08_fa3 d256, 08_fa3 key tile, 08_fa3 timeline, 08_fa3 ncu cudnn, 08_fa3 boundary FILE)")
         }
         # the bytes CSV: gpu,stage,direction,dtype,B,H,N,d,causal,kernels,dram_read_bytes,
         # dram_write_bytes,status,note; forward, non-causal rows (the last row of a shape wins)
