@@ -34,9 +34,11 @@ Optionally (--gemm, sweep shapes only) two ceiling rows, measured in the same ru
     python3 plots/anchors.py --csv X-masks.csv --shapes masks --backends flex \
         --block-mask /tmp/run1/block_mask.npy --mask-spec random:0.1           # B=2 H=16 d=128
 
-Timing follows the harness: CUDA events around each run, warm-up first, L2 flushed before
-every run (a 2 x L2 buffer zeroed outside the events), median of as many runs as fit in
---budget-s (at least --min-reps, at most --reps). Both ceilings are timed the same way.
+Timing is the harness's bench protocol (common/runner.c), rule for rule: untimed runs until
+the clock has settled (300 ms, at least 2 runs, or one run of 250 ms), then the median of the
+timed runs (at least 10 and 500 ms, at most 200; a slow shape stops after 3 runs once 1 s was
+timed); CUDA events around each run, the L2 flushed before every run (a 2 x L2 buffer filled
+outside the events), runs queued about 20 ms at a time. Both ceilings are timed the same way.
 
 The ceiling rows in the 16 columns (d = 0 marks a ceiling: plots/bench.sh's summary skips
 such rows, and the plotting scripts read the stage names ceiling_*):
@@ -70,7 +72,11 @@ MASKS_B, MASKS_H = 2, 16             # the masked runs, as in plots/bench.sh (N 
 MASK_TILE = 128      # a block mask's tile, as the harness's ATTN_MASK_TILE
 GEMM_N = 8192        # the ceiling row: an 8192^3 GEMM
 COPY_BYTES = 4 << 30 # the copy ceiling: bytes copied (so 2 x this read + written)
-WARMUP_MAX_S = 1.0   # slow shapes (N = 131072) warm up with fewer runs
+# the bench protocol of common/runner.c, constant for constant (see there why it settles first)
+SETTLE_MS, SETTLE_MIN_RUNS, SETTLE_ONE_MS = 300.0, 2, 250.0
+BENCH_MIN_RUNS, BENCH_MIN_MS, BENCH_MAX_RUNS = 10, 500.0, 200
+BENCH_SLOW_RUNS, BENCH_SLOW_MS = 3, 1000.0
+CHUNK_MS, CHUNK_MAX = 20.0, 32
 BACKWARD_FLOP_FACTOR = 2.5
 BACKENDS = {"flash": ("torch_flash", "FLASH_ATTENTION"),
             "cudnn": ("torch_cudnn", "CUDNN_ATTENTION"),
@@ -256,11 +262,6 @@ def parse_args(argv):
     p.add_argument("--gemm", action="store_true",
                    help="also the ceiling rows: the GEMM (ceiling_gemm) and a device copy "
                         "(ceiling_copy)")
-    p.add_argument("--reps", type=int, default=50, help="timed runs at most")
-    p.add_argument("--min-reps", type=int, default=3, help="timed runs at least")
-    p.add_argument("--warmup", type=int, default=5, help="untimed runs at most (1 s at most)")
-    p.add_argument("--budget-s", type=float, default=3.0,
-                   help="timed runs: as many as fit in about this much GPU time")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     if args.ns is None:
@@ -340,31 +341,33 @@ def main(argv):
     flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device=dev)
 
     def time_ms(fn):
-        """Median of CUDA-event times of fn(), L2 flushed before each run."""
-        started = time.perf_counter()
-        for _ in range(args.warmup):
-            fn()
+        """Median of CUDA-event times of fn(), L2 flushed before each run: the harness's
+        protocol (settle untimed, then time; runs queued CHUNK_MS at a time)."""
+        settled, spent, runs, times, chunk, timing, ms = 0.0, 0.0, 0, [], 1, False, 0.0
+        while True:
+            events = []
+            for i in range(chunk):
+                flush.fill_((runs + i) & 1)   # evict Q, K, V from L2, outside the events
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                events.append((start, end))
             torch.cuda.synchronize()
-            if time.perf_counter() - started > WARMUP_MAX_S:
-                break
-        probe_start = torch.cuda.Event(enable_timing=True)
-        probe_end = torch.cuda.Event(enable_timing=True)
-        flush.zero_()
-        probe_start.record()
-        fn()
-        probe_end.record()
-        torch.cuda.synchronize()
-        probe = max(probe_start.elapsed_time(probe_end), 1e-3)
-        reps = int(min(args.reps, max(args.min_reps, args.budget_s * 1e3 / probe)))  # slow: few
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
-            flush.zero_()            # evict Q, K, V from L2, outside the timed region
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+            for start, end in events:
+                runs += 1
+                ms = start.elapsed_time(end)
+                if not timing:               # settling: untimed
+                    settled += ms
+                    timing = (runs >= SETTLE_MIN_RUNS and settled >= SETTLE_MS) or ms >= SETTLE_ONE_MS
+                    continue
+                times.append(ms)
+                spent += ms
+                n = len(times)
+                if (n >= BENCH_MAX_RUNS or (n >= BENCH_MIN_RUNS and spent >= BENCH_MIN_MS)
+                        or (n >= BENCH_SLOW_RUNS and spent >= BENCH_SLOW_MS)):
+                    return statistics.median(times)
+            chunk = min(CHUNK_MAX, max(1, int(CHUNK_MS / ms))) if ms > 0 else CHUNK_MAX
 
     def extra_bytes(fn, result_bytes):
         """Peak allocation of one fn() beyond what existed before and what it returns:

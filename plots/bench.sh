@@ -439,11 +439,13 @@ reverse_words() { r=; for w in "$@"; do r="$w${r:+ $r}"; done; echo "$r"; }
 
 echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; merge=$MERGE"
 # what this run measures, for the .runs file of each CSV it writes (see finish_csv): the sweep's
-# and the long context's line (their anchors: SDPA's), and the masks' (its anchor: flex)
+# and the long context's line (their anchors: SDPA's), and the masks' (its anchor: flex);
+# "clock settled": timed by the settling protocol (common/runner.c; runs before 2026-12-01
+# 07:00 UTC timed 50 ms of warm-up later and the anchors earlier, see docs/notes.md)
 RUN_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
-RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${sdpa_anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS"
+RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${sdpa_anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS; clock settled"
 LONG_RUN_LINE="$RUN_LINE; long causal $LONG_CAUSALS, window $LONG_WINDOW; long N $LONG_NS"
-MASKS_RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${flex_anchor:-none}; dirs $DIRS; masks $MASK_PATTERNS; N $MASKS_N, B $MASKS_B, H $MASKS_H, d $MASKS_D"
+MASKS_RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${flex_anchor:-none}; dirs $DIRS; masks $MASK_PATTERNS; N $MASKS_N, B $MASKS_B, H $MASKS_H, d $MASKS_D; clock settled"
 if [ "$SWEEP" != 0 ]; then
     start_csv "$CSV"
     total=$(( $(count_words $programs) * $(count_words $DIRS) * $(count_words $DIMS) *

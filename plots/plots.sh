@@ -194,7 +194,8 @@ rows_date() {
 # gpu_of CSV: the GPU its rows name (the gpu column of the first row)
 gpu_of() { awk -F, 'NR == 2 { print $1; exit }' "$1"; }
 # runs_of CSV: the runs in CSV.runs (see SOURCES), oldest first, one a line, tab-separated:
-# DATE, WHAT (its programs, "first ... last" when more than three, and its anchors), COVER
+# DATE, WHAT (its programs, "first ... last" when more than three, its anchors, and "clock
+# settled" for a run timed by the settling protocol: common/runner.c), COVER
 # (its directions, head dims and masks) and NAMES (the stages it wrote rows of: the
 # programs, torch_<anchor>, and with anchors the ceiling_* rows). Nothing without CSV.runs.
 runs_of() {
@@ -203,12 +204,13 @@ runs_of() {
         i = index($0, ": programs")
         date = i ? substr($0, 1, i - 1) : $0
         sub(/ \(commit [0-9a-f]+\)$/, "", date)
-        np = na = 0; cover = names = what = ""
+        np = na = settled = 0; cover = names = what = ""
         nf = split(i ? substr($0, i + 2) : "", f, "; ")
         for (j = 1; j <= nf; j++) {
             if (f[j] ~ /^programs /) np = split(substr(f[j], 10), p, " ")
             else if (f[j] ~ /^anchors /) na = split(substr(f[j], 9), a, " ")
             else if (f[j] ~ /^(dirs|sweep|masks) /) cover = cover (cover == "" ? "" : "; ") f[j]
+            else if (f[j] == "clock settled") settled = 1
         }
         if (np == 1 && p[1] == "none") np = 0
         if (na == 1 && a[1] == "none") na = 0
@@ -220,6 +222,7 @@ runs_of() {
         for (j = 1; j <= na; j++) names = names " torch_" a[j]
         if (na > 0) names = names " ceiling_gemm ceiling_copy"
         if (na > 0) what = what (np > 0 ? ", " : "") (na == 1 ? "torch_" a[1] : "torch anchors")
+        if (settled) what = what (what == "" ? "" : ", ") "clock settled"
         printf "%s\t%s\t%s\t%s\n", date, (what == "" ? "nothing" : what), cover, substr(names, 2)
     }' "$1.runs"
 }
