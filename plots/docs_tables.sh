@@ -134,7 +134,7 @@ else
     ABLATIONS=$(printf '%s\n' docs/logs/ablation-08-*.csv |
         sed -n 's/.*-\([0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][a-z]*\)\.csv$/\1 &/p' | LC_ALL=C sort -r | cut -d ' ' -f 2)
 fi
-D256_CSV=docs/logs/d256-2026-12-01e.csv
+D256_CSV=docs/logs/d256-2026-12-01g.csv
 TILE_LOG=docs/logs/probe-08-tile-order-2026-11-30.log
 TILE_RUN=4    # its run of the key-tile builds, interleaved rounds
 NCU_RUN=10    # its run with the stage's own profile beside cuDNN's order
