@@ -20,7 +20,7 @@
  * Switches (for the ablation): ATTN_FA3 = a list of nopingpong, nooverlap, nows (a consumer
  *   thread loads, as in 07), stages=1, nopersistent, bc=N, pingpong, persistent.
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
- *   at a barrier every tile. Expected: nearer cuDNN's forward on the same GPU (docs/08_fa3.md).
+ *   at a barrier every tile. Expected: past cuDNN's forward from N = 2048 (docs/08_fa3.md).
  * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (from N_k = 8192, causal 16384), 80 at d = 256;
  *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at
  *   d = 128 and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
