@@ -21,12 +21,13 @@
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-/* The bench protocol; plots/anchors.py times the PyTorch anchors by the same rules, constant
- * for constant. Under sustained load the H200 holds its boost clock for only the first ~70 ms
- * and then settles about 10% lower (docs/notes.md, 2026-12-01 (g)). So a shape first runs
- * untimed until the clock has settled, and is then timed in that state, whatever ran before
- * it. Every run, settling or timed, is preceded by the L2 flush (outside its events); runs are
- * queued about CHUNK_MS at a time between host waits, so the GPU does not idle between them. */
+/* The bench protocol; plots/anchors.py reads these #defines (keep each `#define NAME value`)
+ * and times the PyTorch anchors by the same rules. Under sustained load the H200 holds its
+ * boost clock for only the first ~70 ms and then settles about 10% lower (docs/notes.md,
+ * 2026-12-01 (g)). So a shape first runs untimed until the clock has settled, and is then
+ * timed in that state, whatever ran before it. Every run, settling or timed, is preceded by the
+ * L2 flush (outside its events); runs are queued about CHUNK_MS at a time between host waits,
+ * so the GPU does not idle between them. */
 #define SETTLE_MS 300.0        /* untimed runs first: this much time in the stage ... */
 #define SETTLE_MIN_RUNS 2      /* ... and at least this many runs, */
 #define SETTLE_ONE_MS 250.0    /* or one run this long (it settles the clock itself) */

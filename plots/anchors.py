@@ -38,7 +38,8 @@ Timing is the harness's bench protocol (common/runner.c), rule for rule: untimed
 the clock has settled (300 ms, at least 2 runs, or one run of 250 ms), then the median of the
 timed runs (at least 10 and 500 ms, at most 200; a slow shape stops after 3 runs once 1 s was
 timed); CUDA events around each run, the L2 flushed before every run (a 2 x L2 buffer filled
-outside the events), runs queued about 20 ms at a time. Both ceilings are timed the same way.
+outside the events), runs queued about 20 ms at a time. The constants are read from
+common/runner.c's #defines, so the two cannot drift apart. Both ceilings are timed the same way.
 
 The ceiling rows in the 16 columns (d = 0 marks a ceiling: plots/bench.sh's summary skips
 such rows, and the plotting scripts read the stage names ceiling_*):
@@ -58,6 +59,8 @@ Normally called by plots/bench.sh (torch_flex by its masks part only); needs a C
 torch (and numpy; flex also triton, which torch.compile uses on the GPU).
 """
 import argparse
+import os
+import re
 import statistics
 import sys
 import time
@@ -72,11 +75,28 @@ MASKS_B, MASKS_H = 2, 16             # the masked runs, as in plots/bench.sh (N 
 MASK_TILE = 128      # a block mask's tile, as the harness's ATTN_MASK_TILE
 GEMM_N = 8192        # the ceiling row: an 8192^3 GEMM
 COPY_BYTES = 4 << 30 # the copy ceiling: bytes copied (so 2 x this read + written)
-# the bench protocol of common/runner.c, constant for constant (see there why it settles first)
-SETTLE_MS, SETTLE_MIN_RUNS, SETTLE_ONE_MS = 300.0, 2, 250.0
-BENCH_MIN_RUNS, BENCH_MIN_MS, BENCH_MAX_RUNS = 10, 500.0, 200
-BENCH_SLOW_RUNS, BENCH_SLOW_MS = 3, 1000.0
-CHUNK_MS, CHUNK_MAX = 20.0, 32
+PROTOCOL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common",
+                               "runner.c")
+PROTOCOL_NAMES = ("SETTLE_MS", "SETTLE_MIN_RUNS", "SETTLE_ONE_MS", "BENCH_MIN_RUNS",
+                  "BENCH_MIN_MS", "BENCH_MAX_RUNS", "BENCH_SLOW_RUNS", "BENCH_SLOW_MS",
+                  "CHUNK_MS", "CHUNK_MAX")
+
+
+def bench_protocol(path=PROTOCOL_SOURCE):
+    """The bench protocol's constants, read from the harness's #defines (common/runner.c, which
+    says why a shape settles first), so that the anchors are timed by the very same rules."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        sys.exit("anchors: cannot read the bench protocol from %s: %s" % (path, e.strerror))
+    values = {}
+    for name in PROTOCOL_NAMES:
+        m = re.search(r"^#define %s +([0-9.]+)" % name, text, re.M)
+        if not m:
+            sys.exit("anchors: no '#define %s' in %s" % (name, path))
+        values[name] = float(m.group(1))
+    return values
 BACKWARD_FLOP_FACTOR = 2.5
 BACKENDS = {"flash": ("torch_flash", "FLASH_ATTENTION"),
             "cudnn": ("torch_cudnn", "CUDNN_ATTENTION"),
@@ -339,16 +359,20 @@ def main(argv):
     props = torch.cuda.get_device_properties(dev)
     l2_bytes = getattr(props, "L2_cache_size", 0) or 64 << 20   # older torch: assume 64 MiB
     flush = torch.empty(2 * l2_bytes, dtype=torch.uint8, device=dev)
+    protocol = bench_protocol()
 
     def time_ms(fn):
-        """Median of CUDA-event times of fn(), L2 flushed before each run: the harness's
-        protocol (settle untimed, then time; runs queued CHUNK_MS at a time)."""
+        """Median of CUDA-event times of fn(), L2 flushed before each run, by the harness's
+        protocol: untimed runs until the clock has settled, then the timed ones, queued about
+        CHUNK_MS at a time."""
+        P = protocol
         settled, spent, runs, times, chunk, timing, ms = 0.0, 0.0, 0, [], 1, False, 0.0
         while True:
             events = []
             for i in range(chunk):
                 flush.fill_((runs + i) & 1)   # evict Q, K, V from L2, outside the events
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()
                 end.record()
@@ -359,15 +383,18 @@ def main(argv):
                 ms = start.elapsed_time(end)
                 if not timing:               # settling: untimed
                     settled += ms
-                    timing = (runs >= SETTLE_MIN_RUNS and settled >= SETTLE_MS) or ms >= SETTLE_ONE_MS
+                    timing = ((runs >= P["SETTLE_MIN_RUNS"] and settled >= P["SETTLE_MS"])
+                              or ms >= P["SETTLE_ONE_MS"])
                     continue
                 times.append(ms)
                 spent += ms
                 n = len(times)
-                if (n >= BENCH_MAX_RUNS or (n >= BENCH_MIN_RUNS and spent >= BENCH_MIN_MS)
-                        or (n >= BENCH_SLOW_RUNS and spent >= BENCH_SLOW_MS)):
+                if (n >= P["BENCH_MAX_RUNS"]
+                        or (n >= P["BENCH_MIN_RUNS"] and spent >= P["BENCH_MIN_MS"])
+                        or (n >= P["BENCH_SLOW_RUNS"] and spent >= P["BENCH_SLOW_MS"])):
                     return statistics.median(times)
-            chunk = min(CHUNK_MAX, max(1, int(CHUNK_MS / ms))) if ms > 0 else CHUNK_MAX
+            fit = P["CHUNK_MS"] // ms if ms > 0 else P["CHUNK_MAX"]   # runs in CHUNK_MS
+            chunk = int(min(P["CHUNK_MAX"], max(1, fit)))
 
     def extra_bytes(fn, result_bytes):
         """Peak allocation of one fn() beyond what existed before and what it returns:
