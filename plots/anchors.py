@@ -89,12 +89,15 @@ def bench_protocol(path=PROTOCOL_SOURCE):
         with open(path) as f:
             text = f.read()
     except OSError as e:
-        sys.exit("anchors: cannot read the bench protocol from %s: %s" % (path, e.strerror))
+        print("anchors: cannot read the bench protocol from %s: %s" % (path, e.strerror),
+              file=sys.stderr)
+        sys.exit(2)
     values = {}
     for name in PROTOCOL_NAMES:
         m = re.search(r"^#define %s +([0-9.]+)" % name, text, re.M)
         if not m:
-            sys.exit("anchors: no '#define %s' in %s" % (name, path))
+            print("anchors: no '#define %s' in %s" % (name, path), file=sys.stderr)
+            sys.exit(2)
         values[name] = float(m.group(1))
     return values
 BACKWARD_FLOP_FACTOR = 2.5
