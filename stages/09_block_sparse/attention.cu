@@ -11,7 +11,8 @@
  *   a second where the window, the diagonal or N_k cuts it; next_tile walks the first, and
  *   only cut tiles run mask code (FlexAttention keeps the same two lists). The backward has
  *   such lists per key tile, walked in 06's order (heads, then tiles) by next_step.
- * - With a block mask, a head's tiles start heaviest first (order_kernel): no long one is last.
+ * - With a block mask, tiles start heaviest first (order_kernel), so that no long one is last:
+ *   in the forward across the heads a wave of blocks holds, in the backward per kv head.
  * - Registers: 06's d = 128 forward uses 254 of 255. build_list is out of line; masked scores
  *   start at -inf before the product on sm_90, after it on sm_80 (MASK_FIRST); the d = 128
  *   forward keeps its row sums in shared memory. No spill; an all-ones mask gives 06's bits.
@@ -22,7 +23,7 @@
  *   more so the sparser the mask (docs/09_block_sparse.md, generated).
  * Memory: as 06_fa2, plus in shared memory the lists (2 ceil(N_k / 4096) words a forward block,
  *   2 (H / H_kv) ceil(N_q / 4096) a backward block) and the forward's row sums (2 KiB); with a
- *   block mask, the order in the workspace: an int per tile and head.
+ *   block mask, the order in the workspace: two ints (forward) or one per tile and head.
  *
  * Run: make build/09_block_sparse && build/09_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
@@ -184,11 +185,12 @@ static __device__ __forceinline__ int next_tile(int list, int j, int end, int pe
 
 /* Blocks start in grid order, x fastest, and a block's time is its list's length. With a
  * block mask the lengths are random, and a long block that starts late keeps its SM busy while
- * the others idle. So, with a block mask, block x of a (head, batch) takes that head's x-th
- * heaviest tile (order_kernel), not tile x: query tiles in the forward, key tiles in the
- * backward. The grids keep 06's shape, so the blocks that run together still share a few
- * heads' tiles in L2: a grid of ranks across all heads (every head's heaviest tile first)
- * balanced better but lost more to L2 (docs/notes.md). */
+ * the others idle: the last wave decides the time. So, with a block mask, the blocks take
+ * their tiles heaviest first (order_kernel). The backward orders each kv head's key tiles.
+ * The forward orders a section of heads at once: as many heads as a wave of blocks (two per
+ * SM) holds tiles, so the blocks that run together share the K, V of as few heads as in the
+ * dense grid, in L2, while the tail is balanced over the section's tiles and not one head's
+ * (docs/notes.md: one head at a time, and sections of more heads, were slower). */
 #define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
 
 /* Mask tiles that tile t of head h, batch b visits, capped at ORDER_THREADS - 1. Forward
@@ -219,25 +221,33 @@ static __device__ __forceinline__ int tile_work(const attn_problem p, const attn
     return min(n, ORDER_THREADS - 1);
 }
 
-/* One block per (head, batch) (kv heads in the backward): order[(b heads + h) tiles + r] = its
- * tile of rank r, heaviest first. A counting sort, a bucket per work; tiles of equal work (or
- * past the cap) take their ranks in any order, which may change from call to call: the
- * results do not, since each tile writes its own outputs (O_i, L_i; dK_j, dV_j; dQ's atomics
- * are unordered anyway). */
+/* One block per section: the heads (kv heads in the backward) bh = b H + h from
+ * bh0 = blockIdx.x heads on, `heads` of them or fewer in the last section, each with `tiles`
+ * tiles. Entry bh0 tiles + r of the order is the item of rank r in the section, heaviest
+ * first: {tile, bh} (int2) in the forward, the tile (int) in the backward, whose sections are
+ * one head. A counting sort, a bucket per work; items of equal work (or past the cap) take
+ * their ranks in any order, which may change from call to call: the results do not, since
+ * each tile writes its own outputs (O_i, L_i; dK_j, dV_j; dQ's atomics are unordered anyway). */
 static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_problem p, attn_args a,
-                                                                     int keys, int *order)
+                                                                     int keys, int heads, int *order)
 {
     __shared__ int next[ORDER_THREADS];   /* per bucket: its count, then its next rank */
     __shared__ int before[ORDER_THREADS / WARP];
-    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP, h = blockIdx.x, b = blockIdx.y;
+    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
     const int tiles = ((keys ? p.N_q : p.N_k) + MASK_TILE - 1) / MASK_TILE;
-    int *rank_to_tile = order + ((size_t)b * gridDim.x + h) * tiles;
+    const int H = keys ? p.H : p.H_kv, bh0 = blockIdx.x * heads;
+    const int items = min(heads, p.B * H - bh0) * tiles;
+    int *rank_to_tile = order + (size_t)bh0 * tiles;
+    int2 *rank_to_item = (int2 *)order + (size_t)bh0 * tiles;
     next[t] = 0;
     __syncthreads();
-    for (int i = t; i < tiles; i += ORDER_THREADS) atomicAdd(&next[tile_work(p, a, keys, b, h, i)], 1);
+    for (int i = t; i < items; i += ORDER_THREADS) {
+        const int bh = bh0 + i / tiles;
+        atomicAdd(&next[tile_work(p, a, keys, bh / H, bh % H, i % tiles)], 1);
+    }
     __syncthreads();
     /* Thread t takes bucket ORDER_THREADS-1-t, so that a prefix sum over the threads counts
-     * the heavier tiles: each bucket's first rank. A scan per warp, then over the warps. */
+     * the heavier items: each bucket's first rank. A scan per warp, then over the warps. */
     const int count = next[ORDER_THREADS - 1 - t];
     int x = count;
     for (int o = 1; o < WARP; o *= 2) {
@@ -258,15 +268,35 @@ static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_proble
     __syncthreads();
     next[ORDER_THREADS - 1 - t] = before[warp] + x - count;
     __syncthreads();
-    for (int i = t; i < tiles; i += ORDER_THREADS)
-        rank_to_tile[atomicAdd(&next[tile_work(p, a, keys, b, h, i)], 1)] = i;
+    for (int i = t; i < items; i += ORDER_THREADS) {
+        const int bh = bh0 + i / tiles;
+        const int rank = atomicAdd(&next[tile_work(p, a, keys, bh / H, bh % H, i % tiles)], 1);
+        if (keys) rank_to_item[rank] = make_int2(i % tiles, bh);
+        else rank_to_tile[rank] = i;
+    }
 }
 
-/* This block's tile: of rank blockIdx.x in its head's order, or (order NULL) tile blockIdx.x. */
+/* A backward block's tile: of rank blockIdx.x in its kv head's order (sections of one head),
+ * or (order NULL) tile blockIdx.x. */
 static __device__ __forceinline__ int block_tile(const int *order)
 {
     if (order) return order[((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x];
     return (int)blockIdx.x;
+}
+
+/* A forward block's tile, batch b and head h: the item of its rank in the order, or (order
+ * NULL) tile blockIdx.x of head blockIdx.y, batch blockIdx.z. */
+static __device__ __forceinline__ int block_item(const int2 *order, int *b, int *h)
+{
+    if (!order) {
+        *b = blockIdx.z;
+        *h = blockIdx.y;
+        return (int)blockIdx.x;
+    }
+    const int2 item = order[((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x];
+    *b = item.y / (int)gridDim.y;
+    *h = item.y - *b * (int)gridDim.y;
+    return item.x;
 }
 
 /* Max and sum over the QUAD lanes that share a row of an accumulator tile. */
@@ -430,10 +460,11 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     const int list = smem_bytes(d) / 4;   /* the key tiles to visit: words of shared memory */
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int b = blockIdx.z, h = blockIdx.y;
     /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail;
      * with a block mask, the heaviest first (order). */
-    const int i0 = (order ? block_tile(order) : p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br;
+    int b, h, tile = block_item((const int2 *)order, &b, &h);
+    if (!order && p.causal) tile = gridDim.x - 1 - tile;
+    const int i0 = tile * Br;
     const int h_kv = h / (p.H / p.H_kv);
     const float scale_log2 = p.scale * LOG2E;
 
@@ -1295,18 +1326,34 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
 static size_t order_bytes(const attn_problem *p, int keys)
 {
     if (!p->block_mask) return 0;
-    return keys ? (size_t)attn_ceil_div(p->N_q, Br) * p->H * p->B * sizeof(int)
+    return keys ? (size_t)attn_ceil_div(p->N_q, Br) * p->H * p->B * sizeof(int2)
                 : (size_t)attn_ceil_div(p->N_k, BWD_Bc) * p->H_kv * p->B * sizeof(int);
 }
 
-/* With a block mask, *order = each head's query tiles (keys = 1) or each kv head's key tiles,
- * heaviest first, in ws (order_bytes); without one, NULL (block x takes tile x). */
+/* The forward's sections: the heads whose query tiles fill a wave of blocks (two per SM), at
+ * least one (order_kernel). */
+static cudaError_t section_heads(const attn_problem *p, int *heads)
+{
+    int dev = 0, sms = 0;
+    ATTN_TRY(cudaGetDevice(&dev));
+    ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int wave = 2 * sms, tiles = attn_ceil_div(p->N_q, Br);
+    *heads = wave / tiles < 1 ? 1 : wave / tiles > p->B * p->H ? p->B * p->H : wave / tiles;
+    return cudaSuccess;
+}
+
+/* With a block mask, *order = the forward's query tiles (keys = 1) or the backward's key tiles,
+ * heaviest first within sections (a kv head in the backward), in ws (order_bytes); without
+ * one, NULL (block x of head y takes tile x of head y). */
 static cudaError_t heavy_first(const attn_problem *p, const attn_args *a, int keys, void *ws,
                                cudaStream_t s, const int **order)
 {
     *order = NULL;
     if (!p->block_mask) return cudaSuccess;
-    order_kernel<<<dim3(keys ? p->H : p->H_kv, p->B), ORDER_THREADS, 0, s>>>(*p, *a, keys, (int *)ws);
+    int heads = 1;
+    if (keys) ATTN_TRY(section_heads(p, &heads));
+    const int bh = p->B * (keys ? p->H : p->H_kv);
+    order_kernel<<<attn_ceil_div(bh, heads), ORDER_THREADS, 0, s>>>(*p, *a, keys, heads, (int *)ws);
     ATTN_LAUNCH_CHECK();
     *order = (const int *)ws;
     return cudaSuccess;
