@@ -500,6 +500,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 #pragma unroll
             for (int c = 0; c < 4; c++) o[mt][n][c] = 0.0f;
     const int row = i0 + warp * MT * MMA_M + lane / QUAD;   /* + 16 mt + 8 {0, 1} */
+    const bool empty = j >= j_end;   /* a mask row of zeros: no step at all */
 
     for (int step = 0; j < j_end; step++) {   /* the step-th tile of the list is K_j, V_j */
         const int j0 = j * Bc, j_next = next_tile(list, j + 1, j_end, MASK_TILE / Bc);
@@ -619,10 +620,11 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
         }
         j = j_next;
     }
-    /* After a step nothing is in flight; with an empty list (a mask row of zeros) Q_i still
-     * is, its rows copied by every warp: all must land before a warp writes O_i over its own. */
+    /* After a step nothing is in flight, and each warp goes on to its epilogue as 06's do,
+     * without waiting for the others. With an empty list Q_i still is in flight, its rows
+     * copied by every warp: all must land before a warp writes O_i over its own. */
     cp_async_wait_all();
-    __syncthreads();
+    if (empty) __syncthreads();
 
     /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2, written once. A row that saw a key has
      * l_i >= 1; one that saw none has l_i = 0 and m_i = -inf: O_i = 0 and L_i = -inf (attn.h),
