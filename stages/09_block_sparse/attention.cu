@@ -14,9 +14,9 @@
  * - With a block mask, tiles start heaviest first (order_kernel), so that no long one is last:
  *   in the forward across the heads a wave of blocks holds, in the backward per kv head.
  *   Without one, the forward's causal tiles (and a causal window's) start longest first.
- * - Registers: 06's d = 128 forward uses 254 of 255. build_list is out of line; its masked
- *   scores start at -inf before the product on sm_90, after it on sm_80 (MASK_FIRST; d = 64
- *   after it), and it keeps its row sums in shared memory. No spill; all-ones gives 06's bits.
+ * - Registers: 06's d = 128 forward uses 254 of 255. Here build_list is out of line, masked
+ *   scores start at -inf before the product at d = 128 on sm_90 (MASK_FIRST; after it
+ *   elsewhere), and that kernel keeps its row sums in shared memory. No spill; all-ones: 06's bits.
  * - A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
@@ -49,7 +49,7 @@
  * after it, as 06_fa2 does. The answer is the same; the d = 128 forward is one register short
  * of 06's with the lists, and ptxas fits it without spilling in the first order on sm_90 and
  * in the second on sm_80 (docs/notes.md). The d = 64 forward has registers to spare and masks
- * after the product everywhere: before it, on sm_90, it was 1.5-2% slower (docs/notes.md). */
+ * after the product everywhere: before it, on sm_90, it was 1.5-2.3% slower (docs/notes.md). */
 #if __CUDA_ARCH__ >= 900
 #define MASK_FIRST 1
 #else
