@@ -9,14 +9,14 @@
  *   mask_scores applies the same rule element by element, as a band around the diagonal.
  * - Tile lists (build_list): one bit per reachable mask tile set where the block mask has a 1,
  *   a second where the window, the diagonal or N_k cuts it; next_tile walks the first, and
- *   only cut tiles run mask code (FlexAttention keeps the same two lists). The backward has
- *   such lists per key tile, walked in 06's order (heads, then tiles) by next_step.
+ *   only cut tiles run mask code: the step (forward_step, backward_step) has a copy with it
+ *   and one without (FlexAttention keeps the same two lists). The backward has such lists per
+ *   key tile, walked in 06's order (heads, then tiles) by next_step.
  * - With a block mask, tiles start heaviest first (order_kernel), so that no long one is last:
  *   in the forward across the heads a wave of blocks holds, in the backward per kv head.
  *   Without one, the forward's causal tiles (and a causal window's) start longest first.
- * - Registers: 06's d = 128 forward uses 254 of 255. Here build_list is out of line, masked
- *   scores start at -inf before the product at d = 128 on sm_90 (MASK_FIRST; after it
- *   elsewhere), and that kernel keeps its row sums in shared memory. No spill; all-ones: 06's bits.
+ * - Registers: 06's d = 128 forward uses 254 of 255. Here build_list is out of line and that
+ *   kernel keeps its row sums in shared memory. No spill; an all-ones mask gives 06's bits.
  * - A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
@@ -45,16 +45,6 @@
 #define CHUNK   8     /* 16-bit elements in 16 bytes: one cp.async, one ldmatrix row */
 #define D_MAX   128   /* largest head dim supported */
 #define MASK_TILE ATTN_MASK_TILE   /* 128: a block-mask entry covers 128 queries x 128 keys */
-/* Where the forward masks a cut tile: before S_ij = Q_i K_jᵀ (the scores start at -inf) or
- * after it, as 06_fa2 does. The answer is the same; the d = 128 forward is one register short
- * of 06's with the lists, and ptxas fits it without spilling in the first order on sm_90 and
- * in the second on sm_80 (docs/notes.md). The d = 64 forward has registers to spare and masks
- * after the product everywhere: before it, on sm_90, it was 1.5-2.3% slower (docs/notes.md). */
-#if __CUDA_ARCH__ >= 900
-#define MASK_FIRST 1
-#else
-#define MASK_FIRST 0
-#endif
 
 /* Dynamic shared memory of the forward, 16-bit: Q_i [Br][d], then two stages of
  * K_j [Bc][d], V_j [Bc][d], then the row sums (fp32, 4 a thread; used at d = 128 only); the
@@ -479,6 +469,118 @@ static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, in
         }
 }
 
+/* One step of the forward: S_ij = Q_i K_jᵀ, the online softmax, O_i += P_ij V_j, for this warp's
+ * 32 rows from row on and keys j0 .. j0+Bc-1 (K_j, V_j in shared memory). masked is a literal
+ * at each call, as in the backward's step: a full tile runs a copy without mask code. */
+static __device__ __forceinline__ void forward_step(const attn_problem *p, const band w,
+                                                    float o[MT][D_MAX / MMA_N][4], float m[2 * MT],
+                                                    float l[2 * MT], float4 *l_sm, uint32_t Q_i,
+                                                    uint32_t K_j, uint32_t V_j, int row, int j0,
+                                                    const int d, const int fp16, const int masked)
+{
+    const int row_bytes = 2 * d, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const float scale_log2 = p->scale * LOG2E;
+    /* S_ij = Q_i K_jᵀ for this warp's 32 rows. Q_i fragments are re-read from shared
+     * memory every tile: 32 rows of them would take 64 registers for the whole loop. */
+    float s[MT][Bc / MMA_N][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < Bc / MMA_N; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) s[mt][n][c] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < d / MMA_K; k++) {
+        uint32_t qa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            ldsm_a(qa[mt], Q_i, row_bytes, (warp * MT + mt) * MMA_M, k * MMA_K);
+#pragma unroll
+        for (int n = 0; n < Bc / MMA_N; n += 2) {
+            uint32_t kb[4];
+            ldsm_b(kb, K_j, row_bytes, n * MMA_N, k * MMA_K);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816(s[mt][n], qa[mt], kb[0], kb[1], fp16);
+                mma_16816(s[mt][n + 1], qa[mt], kb[2], kb[3], fp16);
+            }
+        }
+    }
+    if (masked)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            mask_scores(s[mt], Bc / MMA_N, row + mt * MMA_M, j0 + 2 * (lane % QUAD), p->N_k, w);
+
+    /* Online softmax in the log2 domain: m holds max(S) * scale * log2(e) (scale > 0),
+     * so P = exp2(S * scale_log2 - m) is one FFMA and one ex2 per score. */
+    float alpha[2 * MT], m_use[2 * MT], l_tile[2 * MT];
+#pragma unroll
+    for (int r = 0; r < 2 * MT; r++) {
+        const int mt = r / 2, hf = r % 2;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < Bc / MMA_N; n++)
+            mx = fmaxf(mx, fmaxf(s[mt][n][2 * hf], s[mt][n][2 * hf + 1]));
+        const float m_new = fmaxf(m[r], row_max(mx) * scale_log2);
+        /* A row that has seen only masked keys has m_new = -inf: subtract 0 instead, so
+         * that exp2 gives 0 rather than exp2(-inf - -inf) = NaN. */
+        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[r] = exp2_fast(m[r] - m_use[r]);   /* 0 on the first tile, 1 if m is unchanged */
+        m[r] = m_new;
+        l_tile[r] = 0.0f;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < Bc / MMA_N; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int r = 2 * mt + c / 2;
+                s[mt][n][c] = exp2_fast(fmaf(s[mt][n][c], scale_log2, -m_use[r]));   /* P_ij */
+                l_tile[r] += s[mt][n][c];
+            }
+    if (d == 128) {
+        float4 v = *l_sm;
+        v.x = alpha[0] * v.x + l_tile[0]; v.y = alpha[1] * v.y + l_tile[1];
+        v.z = alpha[2] * v.z + l_tile[2]; v.w = alpha[3] * v.w + l_tile[3];
+        *l_sm = v;
+    } else {
+#pragma unroll
+        for (int r = 0; r < 2 * MT; r++) l[r] = alpha[r] * l[r] + l_tile[r];
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < d / MMA_N; n++) {
+            o[mt][n][0] *= alpha[2 * mt];     o[mt][n][1] *= alpha[2 * mt];
+            o[mt][n][2] *= alpha[2 * mt + 1]; o[mt][n][3] *= alpha[2 * mt + 1];
+        }
+
+    /* O_i += P_ij V_j. Accumulator tiles 2k, 2k+1 of S (keys 16k..16k+15), rounded in
+     * pairs, are exactly the A fragment of reduction step k: P stays in registers. */
+#pragma unroll
+    for (int k = 0; k < Bc / MMA_K; k++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            pa[mt][0] = pack_x2(s[mt][2 * k][0], s[mt][2 * k][1], fp16);
+            pa[mt][1] = pack_x2(s[mt][2 * k][2], s[mt][2 * k][3], fp16);
+            pa[mt][2] = pack_x2(s[mt][2 * k + 1][0], s[mt][2 * k + 1][1], fp16);
+            pa[mt][3] = pack_x2(s[mt][2 * k + 1][2], s[mt][2 * k + 1][3], fp16);
+        }
+#pragma unroll
+        for (int n = 0; n < d / MMA_N; n += 2) {
+            uint32_t vb[4];
+            ldsm_b_t(vb, V_j, row_bytes, k * MMA_K, n * MMA_N);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816(o[mt][n], pa[mt], vb[0], vb[1], fp16);
+                mma_16816(o[mt][n + 1], pa[mt], vb[2], vb[3], fp16);
+            }
+        }
+    }
+}
+
 /* One block: query tile i0 .. i0+Br-1 of head h, batch b. Warp w owns query rows
  * 32w..32w+31 as MT = 2 mma tiles of 16 rows, so every K_j or V_j fragment read from shared
  * memory feeds two mmas. In an accumulator tile lane l holds rows l/4 and l/4 + 8, columns
@@ -501,7 +603,6 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     const int tile = block_item(p, (const int2 *)order, &b, &h);
     const int i0 = tile * Br;
     const int h_kv = h / (p.H / p.H_kv);
-    const float scale_log2 = p.scale * LOG2E;
 
     /* The rows see keys lo .. hi-1 at most (the first row's lo, the last row's hi): only the
      * mask tiles of those keys can be in the list, and no K_j tile outside them is loaded. */
@@ -548,111 +649,10 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
         }
         cp_async_commit();
 
-        /* S_ij = Q_i K_jᵀ for this warp's 32 rows. Q_i fragments are re-read from shared
-         * memory every tile: 32 rows of them would take 64 registers for the whole loop.
-         * Scores the rows must not see start at -inf instead of 0: the mma adds a finite
-         * product, so they stay -inf, and j0 is dead before the softmax. */
-        float s[MT][Bc / MMA_N][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int n = 0; n < Bc / MMA_N; n++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) s[mt][n][c] = 0.0f;
-        if (MASK_FIRST && d == 128 && cut_tile(list, j0 / MASK_TILE))
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-                mask_scores(s[mt], Bc / MMA_N, row + mt * MMA_M, j0 + 2 * (lane % QUAD), p.N_k, w);
-#pragma unroll
-        for (int k = 0; k < d / MMA_K; k++) {
-            uint32_t qa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-                ldsm_a(qa[mt], Q_i, row_bytes, (warp * MT + mt) * MMA_M, k * MMA_K);
-#pragma unroll
-            for (int n = 0; n < Bc / MMA_N; n += 2) {
-                uint32_t kb[4];
-                ldsm_b(kb, K_j, row_bytes, n * MMA_N, k * MMA_K);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(s[mt][n], qa[mt], kb[0], kb[1], fp16);
-                    mma_16816(s[mt][n + 1], qa[mt], kb[2], kb[3], fp16);
-                }
-            }
-        }
-        if (!(MASK_FIRST && d == 128) && cut_tile(list, j0 / MASK_TILE))
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-                mask_scores(s[mt], Bc / MMA_N, row + mt * MMA_M, j0 + 2 * (lane % QUAD), p.N_k, w);
-
-        /* Online softmax in the log2 domain: m holds max(S) * scale * log2(e) (scale > 0),
-         * so P = exp2(S * scale_log2 - m) is one FFMA and one ex2 per score. */
-        float alpha[2 * MT], m_use[2 * MT], l_tile[2 * MT];
-#pragma unroll
-        for (int r = 0; r < 2 * MT; r++) {
-            const int mt = r / 2, hf = r % 2;
-            float mx = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < Bc / MMA_N; n++)
-                mx = fmaxf(mx, fmaxf(s[mt][n][2 * hf], s[mt][n][2 * hf + 1]));
-            const float m_new = fmaxf(m[r], row_max(mx) * scale_log2);
-            /* A row that has seen only masked keys has m_new = -inf: subtract 0 instead, so
-             * that exp2 gives 0 rather than exp2(-inf - -inf) = NaN. */
-            m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[r] = exp2_fast(m[r] - m_use[r]);   /* 0 on the first tile, 1 if m is unchanged */
-            m[r] = m_new;
-            l_tile[r] = 0.0f;
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int n = 0; n < Bc / MMA_N; n++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int r = 2 * mt + c / 2;
-                    s[mt][n][c] = exp2_fast(fmaf(s[mt][n][c], scale_log2, -m_use[r]));   /* P_ij */
-                    l_tile[r] += s[mt][n][c];
-                }
-        if (d == 128) {
-            float4 v = *l_sm;
-            v.x = alpha[0] * v.x + l_tile[0]; v.y = alpha[1] * v.y + l_tile[1];
-            v.z = alpha[2] * v.z + l_tile[2]; v.w = alpha[3] * v.w + l_tile[3];
-            *l_sm = v;
-        } else {
-#pragma unroll
-            for (int r = 0; r < 2 * MT; r++) l[r] = alpha[r] * l[r] + l_tile[r];
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int n = 0; n < d / MMA_N; n++) {
-                o[mt][n][0] *= alpha[2 * mt];     o[mt][n][1] *= alpha[2 * mt];
-                o[mt][n][2] *= alpha[2 * mt + 1]; o[mt][n][3] *= alpha[2 * mt + 1];
-            }
-
-        /* O_i += P_ij V_j. Accumulator tiles 2k, 2k+1 of S (keys 16k..16k+15), rounded in
-         * pairs, are exactly the A fragment of reduction step k: P stays in registers. */
-#pragma unroll
-        for (int k = 0; k < Bc / MMA_K; k++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                pa[mt][0] = pack_x2(s[mt][2 * k][0], s[mt][2 * k][1], fp16);
-                pa[mt][1] = pack_x2(s[mt][2 * k][2], s[mt][2 * k][3], fp16);
-                pa[mt][2] = pack_x2(s[mt][2 * k + 1][0], s[mt][2 * k + 1][1], fp16);
-                pa[mt][3] = pack_x2(s[mt][2 * k + 1][2], s[mt][2 * k + 1][3], fp16);
-            }
-#pragma unroll
-            for (int n = 0; n < d / MMA_N; n += 2) {
-                uint32_t vb[4];
-                ldsm_b_t(vb, V_j, row_bytes, k * MMA_K, n * MMA_N);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_16816(o[mt][n], pa[mt], vb[0], vb[1], fp16);
-                    mma_16816(o[mt][n + 1], pa[mt], vb[2], vb[3], fp16);
-                }
-            }
-        }
+        if (cut_tile(list, j0 / MASK_TILE))
+            forward_step(&p, w, o, m, l, l_sm, Q_i, K_j, V_j, row, j0, d, fp16, 1);
+        else
+            forward_step(&p, w, o, m, l, l_sm, Q_i, K_j, V_j, row, j0, d, fp16, 0);
         j = j_next;
     }
     /* After a step nothing is in flight, and each warp goes on to its epilogue as 06's do,
