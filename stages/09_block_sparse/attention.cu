@@ -470,8 +470,9 @@ static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, in
 }
 
 /* One step of the forward: S_ij = Q_i K_jᵀ, the online softmax, O_i += P_ij V_j, for this warp's
- * 32 rows from row on and keys j0 .. j0+Bc-1 (K_j, V_j in shared memory). masked is a literal
- * at each call, as in the backward's step: a full tile runs a copy without mask code. */
+ * 32 rows (this lane's: row + 16 mt + 8 {0, 1}) and keys j0 .. j0+Bc-1 (K_j, V_j in shared
+ * memory); m, l (or l_sm at d = 128) and o carry from step to step. masked is a literal at
+ * each call, as in the backward's step: a full tile runs a copy without mask code. */
 static __device__ __forceinline__ void forward_step(const attn_problem *p, const band w,
                                                     float o[MT][D_MAX / MMA_N][4], float m[2 * MT],
                                                     float l[2 * MT], float4 *l_sm, uint32_t Q_i,
