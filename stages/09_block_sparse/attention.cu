@@ -184,13 +184,15 @@ static __device__ __forceinline__ int next_tile(int list, int j, int end, int pe
  * dense grid, in L2, while the tail is balanced over the section's tiles and not one head's
  * (docs/notes.md: one head at a time, and sections of more heads, were slower). */
 #define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
+#define ORDER_STAGE 32768    /* order_kernel: bytes of a kv head's mask the backward copies to shared memory */
 
 /* Mask tiles that tile t of head h, batch b visits, capped at ORDER_THREADS - 1. Forward
  * (keys = 1): query tile t, the ones of mask row t among the keys its rows see. Backward:
  * key tile t of kv head h, the ones of mask column t among the queries that see its keys, over
- * the group's query heads. */
+ * the group's query heads, read from `staged` where order_kernel copied them to shared memory
+ * (the group's [Tq][Tk] entries one head after the other), else from the mask. */
 static __device__ __forceinline__ int tile_work(const attn_problem p, const attn_args a, int keys,
-                                                int b, int h, int t)
+                                                int b, int h, int t, const unsigned char *staged)
 {
     int n = 0;
     if (keys) {   /* forward: query tile t of head h, the ones of its mask row it can reach */
@@ -213,12 +215,13 @@ static __device__ __forceinline__ int tile_work(const attn_problem p, const attn
         }
         return min(n, ORDER_THREADS - 1);
     }
+    const int group = p.H / p.H_kv, Tq = (p.N_q + MASK_TILE - 1) / MASK_TILE;
     const size_t Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;
-    const int group = p.H / p.H_kv;
     int q_lo, q_hi;
     visible_queries(p, t * MASK_TILE, min((t + 1) * MASK_TILE, p.N_k), &q_lo, &q_hi);
     for (int g = 0; g < group; g++) {
-        const unsigned char *column = mask_row(p, a, b, h * group + g, 0) + t;
+        const unsigned char *column = (staged ? staged + (size_t)g * Tq * Tk
+                                              : mask_row(p, a, b, h * group + g, 0)) + t;
         for (int q = q_lo / MASK_TILE; q < (q_hi + MASK_TILE - 1) / MASK_TILE; q++)
             n += column[q * Tk] != 0;
     }
@@ -237,6 +240,7 @@ static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_proble
 {
     __shared__ int next[ORDER_THREADS];   /* per bucket: its count, then its next rank */
     __shared__ int before[ORDER_THREADS / WARP];
+    __shared__ __align__(16) unsigned char stage[ORDER_STAGE];
     const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
     const int tiles = ((keys ? p.N_q : p.N_k) + MASK_TILE - 1) / MASK_TILE;
     const int H = keys ? p.H : p.H_kv, bh0 = blockIdx.x * heads;
@@ -244,10 +248,29 @@ static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_proble
     int *rank_to_tile = order + (size_t)bh0 * tiles;
     int2 *rank_to_item = (int2 *)order + (size_t)bh0 * tiles;
     next[t] = 0;
+    /* The backward's passes below read mask columns, a load per entry down the column, one
+     * after the other: its kv head's mask (the group's query heads) is copied here first
+     * where it fits, so that they read shared memory. (The forward reads rows, 16 bytes a
+     * load: a copy made it slower.) */
+    const int Tq = (p.N_q + MASK_TILE - 1) / MASK_TILE, Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;
+    const int group = p.H / p.H_kv, per = Tq * Tk;
+    const unsigned char *staged = NULL;
+    if (!keys && (size_t)group * per <= ORDER_STAGE) {
+        for (int c = 0; c < group; c++) {   /* query head c of kv head bh0 % H_kv's group */
+            const unsigned char *src = mask_row(p, a, bh0 / H, bh0 % H * group + c, 0);
+            unsigned char *dst = stage + c * per;
+            if (((size_t)src | per) % 16 == 0)
+                for (int i = 16 * t; i < per; i += 16 * ORDER_THREADS)
+                    *(uint4 *)(dst + i) = *(const uint4 *)(src + i);
+            else
+                for (int i = t; i < per; i += ORDER_THREADS) dst[i] = src[i];
+        }
+        staged = stage;
+    }
     __syncthreads();
     for (int i = t; i < items; i += ORDER_THREADS) {
         const int bh = bh0 + i / tiles;
-        atomicAdd(&next[tile_work(p, a, keys, bh / H, bh % H, i % tiles)], 1);
+        atomicAdd(&next[tile_work(p, a, keys, bh / H, bh % H, i % tiles, staged)], 1);
     }
     __syncthreads();
     /* Thread t takes bucket ORDER_THREADS-1-t, so that a prefix sum over the threads counts
@@ -274,7 +297,7 @@ static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_proble
     __syncthreads();
     for (int i = t; i < items; i += ORDER_THREADS) {
         const int bh = bh0 + i / tiles;
-        const int rank = atomicAdd(&next[tile_work(p, a, keys, bh / H, bh % H, i % tiles)], 1);
+        const int rank = atomicAdd(&next[tile_work(p, a, keys, bh / H, bh % H, i % tiles, staged)], 1);
         if (keys) rank_to_item[rank] = make_int2(i % tiles, bh);
         else rank_to_tile[rank] = i;
     }
