@@ -184,7 +184,7 @@ static __device__ __forceinline__ int next_tile(int list, int j, int end, int pe
  * dense grid, in L2, while the tail is balanced over the section's tiles and not one head's
  * (docs/notes.md: one head at a time, and sections of more heads, were slower). */
 #define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
-#define ORDER_STAGE 32768    /* order_kernel: bytes of a kv head's mask the backward copies to shared memory */
+#define ORDER_STAGE 32768    /* order_kernel: shared memory for the backward's mask copy */
 
 /* Mask tiles that tile t of head h, batch b visits, capped at ORDER_THREADS - 1. Forward
  * (keys = 1): query tile t, the ones of mask row t among the keys its rows see. Backward:
