@@ -15,17 +15,18 @@
  * - With a block mask, tiles start heaviest first (order_kernel), so that no long one is last:
  *   in the forward across the heads a wave of blocks holds, in the backward per kv head.
  *   Without one, the forward's causal tiles (and a causal window's) start longest first.
- * - Registers: 06's d = 128 forward uses 254 of 255. Here build_list is out of line and that
+ * - The fold: a window's first tile, which rows Br/2.. do not see, and its last, which rows
+ *   ..Br/2-1 do not, share one forward step, each half's warps on its own tile.
+ * - Registers: 06's d = 128 forward uses 254 of 255; here build_list is out of line and that
  *   kernel keeps its row sums in shared memory. No spill; an all-ones mask gives 06's bits.
- * - A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
+ *   A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
- * Time: falls with the density; the rate on the visible pairs stays below dense 06_fa2's, the
- *   more so the sparser the mask (docs/09_block_sparse.md, generated).
+ * Time: falls with the density; below dense 06_fa2's rate on the visible pairs, the more so
+ *   the sparser the mask (docs/09_block_sparse.md, generated).
  * Memory: as 06_fa2, plus in shared memory the lists (2 ceil(N_k / 4096) words a forward block,
  *   2 (H / H_kv) ceil(N_q / 4096) a backward block) and the forward's row sums (2 KiB); with a
  *   block mask, the order in the workspace: two ints (forward) or one per tile and head.
- *
  * Run: make build/09_block_sparse && build/09_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
  */
@@ -171,6 +172,17 @@ static __device__ __forceinline__ int next_tile(int list, int j, int end, int pe
         j = (t / WARP + 1) * WARP * per;   /* the first tile of the next word */
     }
     return end;
+}
+
+/* The last tile j' < end of the list, given that j (< end) is in it: next_tile from the end. */
+static __device__ __forceinline__ int last_tile(int list, int j, int end, int per)
+{
+    extern __shared__ __align__(1024) uint32_t smem_words[];
+    for (int t = (end - 1) / per; t > j / per; t = t / WARP * WARP - 1) {
+        const uint32_t w = smem_words[list + 2 * (t / WARP)] & (0xffffffffu >> (WARP - 1 - t % WARP));
+        if (w) return min(end - 1, ((t / WARP * WARP + WARP - 1 - __clz(w)) + 1) * per - 1);
+    }
+    return max(j, min(end - 1, (j / per + 1) * per - 1));
 }
 
 /* ---- Heavy tiles first ---------------------------------------------------------------------- */
@@ -634,14 +646,31 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     int lo, hi, unused;
     visible_keys(p, i0, &lo, &unused);
     visible_keys(p, last_row, &unused, &hi);
-    const int j_end = (hi + Bc - 1) / Bc;
+    int j_end = (hi + Bc - 1) / Bc;
 
     load_tiles(Q_i, a.q, NULL, b, i0, Br, p.N_q, h, p.H, d, THREADS);
     build_list(list, mask_row(p, a, b, h, i0 / MASK_TILE), 1, lo / MASK_TILE,
                (hi + MASK_TILE - 1) / MASK_TILE, p, i0, last_row, 0, 0, 1, THREADS);
     __syncthreads();   /* the list is complete */
     int j = next_tile(list, lo / Bc, j_end, MASK_TILE / Bc);
+    /* The fold. At a band's two ends the block's halves part: rows Br/2 .. Br-1 see none of
+     * the list's first tile, rows 0 .. Br/2-1 none of its last (a window's first tile and the
+     * one past the diagonal). Each of those steps would hold all four warps for two warps'
+     * work; instead one step takes both tiles, each in its stage, the lower half's warps on
+     * the first and the upper half's on the last. A tile a row sees none of leaves its m, l
+     * and O as they were, so skipping it is exact. */
+    int fold = 0, j_last = j;
+    if (j < j_end) {
+        int lo_upper, hi_lower;
+        visible_keys(p, i0 + Br / 2, &lo_upper, &unused);
+        visible_keys(p, i0 + Br / 2 - 1, &unused, &hi_lower);
+        j_last = last_tile(list, j, j_end, MASK_TILE / Bc);
+        fold = j_last > j && (j + 1) * Bc <= lo_upper && j_last * Bc >= hi_lower;
+    }
     if (j < j_end) load_tiles(KV, a.k, a.v, b, j * Bc, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
+    if (fold)
+        load_tiles(KV + 2 * tile_bytes, a.k, a.v, b, j_last * Bc, Bc, p.N_k, h_kv, p.H_kv, d,
+                   THREADS);
     cp_async_commit();
 
     float o[MT][D_MAX / MMA_N][4];
@@ -662,18 +691,32 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     const int row = i0 + warp * MT * MMA_M + lane / QUAD;   /* + 16 mt + 8 {0, 1} */
     const bool empty = j >= j_end;   /* a mask row of zeros: no step at all */
 
-    for (int step = 0; j < j_end; step++) {   /* the step-th tile of the list is K_j, V_j */
+    int step = 0;
+    if (fold) {   /* the tiles between the two are the loop's */
+        const int upper = warp >= THREADS / WARP / 2;   /* rows Br/2 .. Br-1: stage 1 */
+        const uint32_t K_j = KV + upper * 2 * tile_bytes, V_j = K_j + tile_bytes;
+        cp_async_wait_all();
+        __syncthreads();   /* both tiles have landed for all threads */
+        forward_step(&p, w, o, m, l, l_sm, Q_i, K_j, V_j, row, (upper ? j_last : j) * Bc, d,
+                     fp16, 1);
+        j_end = j_last;
+        /* Both stages were in use, so nothing loaded meanwhile: the loop's step -1 computes
+         * nothing and starts the load of the tile after j (one load call, as before). */
+        step = -1;
+    }
+    for (; j < j_end; step++) {   /* the step-th tile of the list is K_j, V_j (stage step & 1) */
         const int j0 = j * Bc, j_next = next_tile(list, j + 1, j_end, MASK_TILE / Bc);
-        const uint32_t K_j = KV + (step % 2) * 2 * tile_bytes, V_j = K_j + tile_bytes;
+        const uint32_t K_j = KV + (step & 1) * 2 * tile_bytes, V_j = K_j + tile_bytes;
         cp_async_wait_all();
         __syncthreads();   /* K_j, V_j have landed for all threads; the last tile's buffer is free */
         if (j_next < j_end) {  /* the next tile of the list loads while this one is computed */
-            const uint32_t K_next = KV + ((step + 1) % 2) * 2 * tile_bytes;
+            const uint32_t K_next = KV + ((step + 1) & 1) * 2 * tile_bytes;
             load_tiles(K_next, a.k, a.v, b, j_next * Bc, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
         }
         cp_async_commit();
 
-        if (cut_tile(list, j0 / MASK_TILE))
+        if (step < 0) {   /* after the fold */
+        } else if (cut_tile(list, j0 / MASK_TILE))
             forward_step(&p, w, o, m, l, l_sm, Q_i, K_j, V_j, row, j0, d, fp16, 1);
         else
             forward_step(&p, w, o, m, l, l_sm, Q_i, K_j, V_j, row, j0, d, fp16, 0);
