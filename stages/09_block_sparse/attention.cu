@@ -16,7 +16,8 @@
  *   in the forward across the heads a wave of blocks holds, in the backward per kv head.
  *   Without one, the forward's causal tiles (and a causal window's) start longest first.
  * - The fold: a window's first tile, which rows Br/2.. do not see, and its last, which rows
- *   ..Br/2-1 do not, share one forward step, each half's warps on its own tile.
+ *   ..Br/2-1 do not, share one forward step, each half's warps on its own tile; in the
+ *   backward, a key tile's first and last query steps, one for each half of its keys.
  * - Registers: 06's d = 128 forward uses 254 of 255; here build_list is out of line and that
  *   kernel keeps its row sums in shared memory. No spill; an all-ones mask gives 06's bits.
  *   A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
@@ -909,19 +910,37 @@ static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, cons
     load_tiles(QdO, a->q, a->d_o, b, i0, br, p->N_q, h, p->H, d, BWD_THREADS);
 }
 
+/* Adds a warp's part of dQ_i, dq (br/32 x d/32 accumulator tiles), to the accumulator at dst
+ * and zeroes it: red.global.add.f32, coalesced (see dq_acc_bytes). Rows past N_q add zeros
+ * (dO_i and D_i are zero-filled there), so no test is needed. */
+static __device__ __forceinline__ void dq_add(float *dst, float dq[][D_MAX / 32][4], int MQ, int d)
+{
+#pragma unroll
+    for (int mt = 0; mt < MQ; mt++)
+#pragma unroll
+        for (int n = 0; n < d / 4 / MMA_N; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                atomicAdd(dst + ((mt * (d / 32) + n) * 4 + c) * BWD_THREADS, dq[mt][n][c]);
+                dq[mt][n][c] = 0.0f;
+            }
+}
+
 /* One step of the backward loop: query tile i0 .. i0+br-1 of query head h (stage st of the
  * Q_i, dO_i buffers) against this block's K_j, V_j, after starting the loads of the next step
  * (h_next, i_next) into the other stage. masked is a literal: the steps that cross the
  * diagonal or N_k run a copy of this code with the mask, all others a copy without it, which
  * is one stretch of code from the barrier to the atomics, scheduled as a whole (with the
  * mask behind a branch in a single copy, the backward was 3.5% slower: a probe without the
- * mask measured that). See tiled_backward for who owns what. */
+ * mask measured that). See tiled_backward for who owns what. In the copy with the mask,
+ * i_fold >= 0 makes the step a fold of two (tiled_backward). */
 static __device__ __forceinline__ void backward_step(const attn_problem *p, const attn_args *a,
                                                      const float *D, float *dq_acc, const band w,
                                                      const int *order, float dK[2][D_MAX / 16][4],
                                                      float dV[2][D_MAX / 16][4], int st, int h,
                                                      int i0, int h_next, int i_next, const int d,
-                                                     const int br, const int fp16, const int masked)
+                                                     const int br, const int fp16, const int masked,
+                                                     int i_fold)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const bwd_smem m = backward_layout(d, br);
@@ -936,12 +955,20 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     const int Tr = (p->N_q + br - 1) / br;
     const float scale_log2 = p->scale * LOG2E;
 
-    const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + br * row_bytes;
-    const float *L_i = (const float *)(smem + LD_off) + st * 2 * br, *D_i = L_i + br;
+    /* The fold (tiled_backward): two steps, query tiles i0 (stage st = 0) and i_fold (stage
+     * 1); warps wn < 2 (keys 0 .. Bc/2-1) take the first, the others the second. A test at
+     * run time, in the copy with the mask only: a third copy of the step made the others
+     * slower (docs/09_block_sparse.md). */
+    const int fold = masked && 2 * br <= BWD_Bc && i_fold >= 0;
+    const int sw = fold ? wn >= 2 : st, i_w = fold && wn >= 2 ? i_fold : i0;
+    const uint32_t Q_i = QdO + sw * stage_bytes, dO_i = Q_i + br * row_bytes;
+    const float *L_i = (const float *)(smem + LD_off) + sw * 2 * br, *D_i = L_i + br;
+    const uint32_t QdO_next = QdO + (1 - st) * stage_bytes;
+    const uint32_t LD_next = K_j + LD_off + (1 - st) * 2 * br * sizeof(float);
     cp_async_wait_all();
     __syncthreads();   /* this step has landed for all threads; all are done with the last */
-    load_step(QdO + (1 - st) * stage_bytes, K_j + LD_off + (1 - st) * 2 * br * sizeof(float),
-              p, a, D, b, h_next, i_next, d, br);
+    if (!fold)   /* a fold holds both stages: its next step loads before its dQ_i */
+        load_step(QdO_next, LD_next, p, a, D, b, h_next, i_next, d, br);
     cp_async_commit();
 
     /* Recompute S_ij = Q_i K_jᵀ and P_ij = exp2(S_ij scale log2e - L_i log2e) from the saved
@@ -956,7 +983,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     if (masked)   /* scores the rows must not see start at -inf: the product keeps them there */
 #pragma unroll
         for (int mt = 0; mt < MQ; mt++)
-            mask_scores(s[mt], 4, i0 + br / 2 * wm + MMA_M * mt + lane / QUAD,
+            mask_scores(s[mt], 4, i_w + br / 2 * wm + MMA_M * mt + lane / QUAD,
                         j0 + 32 * wn + 2 * (lane % QUAD), p->N_k, w);
 #pragma unroll
     for (int k = 0; k < d / MMA_K; k++) {
@@ -1046,7 +1073,14 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
         }
     }
 
-    /* This block's part of dQ_i = dS_ij K_j (unscaled: convert_dq_kernel applies scale). */
+    if (fold) {   /* both steps' Q_i, dO_i, L_i, D_i are read */
+        __syncthreads();
+        load_step(QdO_next, LD_next, p, a, D, b, h_next, i_next, d, br);
+        cp_async_commit();
+    }
+
+    /* This block's part of dQ_i = dS_ij K_j (unscaled: convert_dq_kernel applies scale); a
+     * fold's first step takes keys 0 .. Bc/2-1, its second the rest. */
     if (dq_acc) {
         const int cQ = wn * (d / 4);
         float dq[BWD_BR_MAX / 32][D_MAX / 32][4];
@@ -1056,8 +1090,13 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
             for (int n = 0; n < D_MAX / 32; n++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) dq[mt][n][c] = 0.0f;
+        float *dst = dq_acc + (((size_t)b * p->H + h) * Tr + i0 / br) * br * d + threadIdx.x;
 #pragma unroll
         for (int k = 0; k < BWD_Bc / MMA_K; k++) {
+            if (fold && k == BWD_Bc / MMA_K / 2) {
+                dq_add(dst, dq, MQ, d);
+                dst = dq_acc + (((size_t)b * p->H + h) * Tr + i_fold / br) * br * d + threadIdx.x;
+            }
             uint32_t sa[BWD_BR_MAX / 32][4];
 #pragma unroll
             for (int mt = 0; mt < MQ; mt++) ldsm_a(sa[mt], dS_ij, ps_bytes, br / 2 * wm + MMA_M * mt, k * MMA_K);
@@ -1072,16 +1111,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
                 }
             }
         }
-        /* red.global.add.f32, coalesced: see dq_acc_bytes. Rows past N_q add zeros (dO_i
-         * and D_i are zero-filled there), so no test is needed. */
-        float *dst = dq_acc + (((size_t)b * p->H + h) * Tr + i0 / br) * br * d + threadIdx.x;
-#pragma unroll
-        for (int mt = 0; mt < MQ; mt++)
-#pragma unroll
-            for (int n = 0; n < d / 4 / MMA_N; n++)
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    atomicAdd(dst + ((mt * (d / 32) + n) * 4 + c) * BWD_THREADS, dq[mt][n][c]);
+        dq_add(dst, dq, MQ, d);
     }
 }
 
@@ -1117,7 +1147,8 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
      * visited heads first, then tiles, as 06 does. */
     int q_lo, q_hi;
     visible_queries(p, j0, min(j0 + BWD_Bc, p.N_k), &q_lo, &q_hi);
-    const int s_begin = q_lo / br, s_end = (q_hi + br - 1) / br, per = MASK_TILE / br;
+    const int s_begin = q_lo / br, per = MASK_TILE / br;
+    int s_end = (q_hi + br - 1) / br;
     const size_t Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;   /* mask entries a row */
     const int words = list_words(&p, 0);   /* of a bitmap; a head's list has two */
     const int list = m.bytes / 4;   /* words of shared memory */
@@ -1132,8 +1163,28 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     __syncthreads();   /* the list is complete */
     int g = 0, s = s_begin;
     next_step(list, words, group, s_begin, s_end, per, &g, &s);
+    /* The fold, as the forward's: keys Bc/2 .. Bc-1 are seen by none of the first step's rows
+     * and keys 0 .. Bc/2-1 by none of the last's (a causal window's diagonal step and its
+     * last), so the two run as one step (backward_step), its first step in stage 0 and its
+     * second (rows i_fold on) in stage 1. Without GQA only (one list), and with steps of
+     * br < Bc rows: a step as tall as the key tile (d = 64) has rows below the diagonal in
+     * both halves, so a causal window never folds there. */
+    int i_fold = -1;
+    if (2 * br <= BWD_Bc && group == 1 && g < group) {
+        int q_upper, q_lower, unused;
+        visible_queries(p, j0 + BWD_Bc / 2, min(j0 + BWD_Bc, p.N_k), &q_upper, &unused);
+        visible_queries(p, j0, min(j0 + BWD_Bc / 2, p.N_k), &unused, &q_lower);
+        const int s_last = last_tile(list, s, s_end, per);
+        if (s_last > s && (s + 1) * br <= q_upper && s_last * br >= q_lower) {
+            i_fold = s_last * br;
+            s_end = s_last;   /* the loop's steps are the ones between */
+        }
+    }
     if (g < group)
         load_step(K_j + m.QdO, K_j + m.LD, &p, &a, D, b, h_kv * group + g, s * br, d, br);
+    if (i_fold >= 0)
+        load_step(K_j + m.QdO + m.stage, K_j + m.LD + 2 * br * sizeof(float), &p, &a, D, b,
+                  h_kv, i_fold, d, br);
     cp_async_commit();
 
     float dK[2][D_MAX / 16][4], dV[2][D_MAX / 16][4];
@@ -1152,10 +1203,11 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         next_step(list, words, group, s_begin, s_end, per, &g_next, &s_next);
         const int h_next = g_next < group ? h_kv * group + g_next : h;
         const int i_next = g_next < group ? s_next * br : i0;
-        if (cut_tile(list + 2 * g * words, i0 / MASK_TILE))
-            backward_step(&p, &a, D, dq_acc, w, order, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 1);
+        if (i_fold >= 0 || cut_tile(list + 2 * g * words, i0 / MASK_TILE))
+            backward_step(&p, &a, D, dq_acc, w, order, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 1, i_fold);
         else
-            backward_step(&p, &a, D, dq_acc, w, order, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 0);
+            backward_step(&p, &a, D, dq_acc, w, order, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 0, -1);
+        i_fold = -1;   /* the fold is the first step */
         g = g_next;
         s = s_next;
     }
