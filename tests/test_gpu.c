@@ -534,11 +534,11 @@ Test(gpu, masks_against_oracle, .timeout = 600)
     static const mcase cases[] = {
         { 2, 2, 2, 1000, 1000, 64, 1, 100, 0, 0, NULL },            /* causal sliding window */
         { 2, 2, 1, 255, 255, 128, 0, 50, 1, 0, NULL },              /* two-sided window, fp16, MQA */
-        { 1, 2, 2, 1100, 1100, 128, 1, 129, 0, 0, NULL },           /* the forward's fold: rows
-                                                                         0..63 of a block see all
-                                                                         of its first tile */
-        { 1, 2, 2, 333, 333, 128, 1, 1, 1, 0, NULL },               /* window 1: a fold with no
-                                                                         tile between, fp16 */
+        { 1, 2, 2, 1100, 1100, 128, 1, 129, 0, 0, NULL },           /* both folds; rows 0..63
+                                                                         of a forward block see
+                                                                         all of its first tile */
+        { 1, 2, 2, 333, 333, 128, 1, 1, 1, 0, NULL },               /* window 1: folds with no
+                                                                         step between, fp16 */
         { 1, 2, 2, 300, 100, 64, 0, 50, 0, 0, NULL },               /* rows 149.. see nothing */
         { 1, 4, 2, 1000, 1000, 128, 0, 0, 0, 0, "random:0.3" },     /* per-head random, GQA */
         { 2, 4, 2, 1100, 900, 64, 0, 0, 0, 0, "random:0.4" },       /* per (batch, head): the
