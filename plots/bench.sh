@@ -444,7 +444,8 @@ echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; 
 # 07:00 UTC timed 50 ms of warm-up later and the anchors earlier, see docs/notes.md)
 RUN_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
 RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${sdpa_anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS; clock settled"
-LONG_RUN_LINE="$RUN_LINE; long causal $LONG_CAUSALS, window $LONG_WINDOW; long N $LONG_NS"
+long_causals=$(echo $LONG_CAUSALS)   # words only; blank: the window series alone
+LONG_RUN_LINE="$RUN_LINE; long causal ${long_causals:-none (the window series only)}, window $LONG_WINDOW; long N $LONG_NS"
 MASKS_RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${flex_anchor:-none}; dirs $DIRS; masks $MASK_PATTERNS; N $MASKS_N, B $MASKS_B, H $MASKS_H, d $MASKS_D; clock settled"
 if [ "$SWEEP" != 0 ]; then
     start_csv "$CSV"

@@ -3,9 +3,10 @@
 # forward and backward, at small odd shapes (the 300-token ones big enough that tiled stages also
 # run tiles that need no mask, the 353-token one more than two of stage 8's 176-key tiles, the
 # 4100-token causal one stage 8's causal 176-key tiles; the head dim 256 one only the Hopper
-# stages run; the last three, two windows and a block mask, only the stages with masks: the
+# stages run; the last four, two windows and two block masks, only the stages with masks: the
 # second window, at head dim 128 without GQA, is where stage 9 folds a window's edge steps in
-# both directions). Any finding fails; a shape a stage refuses (exit 2, e.g. a stage without a
+# both directions; the second mask has more heads than the first section of stage 9's forward
+# order holds, so that its forward starts while the order is made). Any finding fails; a shape a stage refuses (exit 2, e.g. a stage without a
 # backward pass) is reported as skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
 set -u
@@ -20,7 +21,8 @@ shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 150 --dim 256 --causal --dtype fp16"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 64 --causal --window 70"
         "--batch 1 --heads 2 --seqlen 300 --dim 128 --causal --window 100"
-        "--batch 1 --heads 4 --kv-heads 2 --seqlen 300 --dim 128 --mask random:0.5")
+        "--batch 1 --heads 4 --kv-heads 2 --seqlen 300 --dim 128 --mask random:0.5"
+        "--batch 1 --heads 60 --kv-heads 15 --seqlen 600 --dim 64 --mask random:0.3")
 command -v "$san" >/dev/null 2>&1 || { echo "sanitize: $san not found"; exit 2; }
 logdir=$build/sanitize
 mkdir -p "$logdir"

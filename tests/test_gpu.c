@@ -549,6 +549,11 @@ Test(gpu, masks_against_oracle, .timeout = 600)
         { 1, 2, 2, 1000, 1000, 128, 1, 300, 0, 1, "random:0.6" },   /* deterministic dQ */
         { 1, 2, 1, 17, 1000, 128, 0, 0, 0, 0, "local:128" },
         { 1, 2, 2, 300, 300, 64, 0, 0, 0, 0, "random:0.001" },      /* (almost) all zero */
+        { 3, 20, 5, 600, 600, 64, 1, 300, 0, 0, "random:0.6" },     /* 60 heads: on 132 SMs the
+                                                                         forward's first section
+                                                                         (52 heads) in grid order,
+                                                                         the rest sorted; window
+                                                                         AND mask */
     };
     int failures = 0;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -633,7 +638,8 @@ Test(gpu, all_ones_mask_is_dense, .timeout = 300)
     for (int i = 0; i < attn_nstages; i++)
         if (!strcmp(attn_stages[i]->name, "06_fa2")) dense = attn_stages[i];
     static const struct { int H, H_kv, N, d, causal; } shapes[] = {
-        { 4, 2, 1000, 128, 1 }, { 2, 2, 300, 128, 0 }, { 2, 2, 255, 64, 0 }, { 2, 1, 4097, 64, 1 } };
+        { 4, 2, 1000, 128, 1 }, { 2, 2, 300, 128, 0 }, { 2, 2, 255, 64, 0 }, { 2, 1, 4097, 64, 1 },
+        { 60, 15, 600, 64, 0 } };   /* two sections of the forward's order (on 132 SMs) */
     for (int si = 0; si < ns; si++)
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
             for (int how = 0; how < 2; how++) {   /* all-ones mask, full-width window */

@@ -199,6 +199,27 @@ static __device__ __forceinline__ int last_tile(int list, int j, int end, int pe
 #define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
 #define ORDER_STAGE 32768    /* order_kernel: shared memory for the backward's mask copy */
 
+/* The forward's first section needs no order: its tiles fill the first wave, which starts all
+ * of them at once whatever their ranks. So it takes them in grid order, order_kernel sorts the
+ * other sections only, and on sm_90 the forward is launched as its dependent (programmatic
+ * dependent launch): the first wave runs while the sort does, and a block of a later section
+ * waits for it (grid_wait) before it reads its rank. On sm_80 both are no-ops, and the forward
+ * starts after the sort as any launch does. */
+static __device__ __forceinline__ void grid_launch_dependents(void)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* Wait until the grid this one depends on has finished and its writes are visible. */
+static __device__ __forceinline__ void grid_wait(void)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 /* Mask tiles that tile t of head h, batch b visits, capped at ORDER_THREADS - 1. Forward
  * (keys = 1): query tile t, the ones of mask row t among the keys its rows see. Backward:
  * key tile t of kv head h, the ones of mask column t among the queries that see its keys, over
@@ -241,22 +262,24 @@ static __device__ __forceinline__ int tile_work(const attn_problem p, const attn
     return min(n, ORDER_THREADS - 1);
 }
 
-/* One block per section: the heads (kv heads in the backward) bh = b H + h from
- * bh0 = blockIdx.x heads on, `heads` of them or fewer in the last section, each with `tiles`
+/* One block per section from section0 on (1 in the forward, 0 in the backward): the heads
+ * (kv heads in the backward) bh = b H + h from bh0 = (blockIdx.x + section0) heads on, `heads` of them or fewer in the last section, each with `tiles`
  * tiles. Entry bh0 tiles + r of the order is the item of rank r in the section, heaviest
  * first: {tile, bh} (int2) in the forward, the tile (int) in the backward, whose sections are
  * one head. A counting sort, a bucket per work; items of equal work (or past the cap) take
  * their ranks in any order, which may change from call to call: the results do not, since
  * each tile writes its own outputs (O_i, L_i; dK_j, dV_j; dQ's atomics are unordered anyway). */
 static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_problem p, attn_args a,
-                                                                     int keys, int heads, int *order)
+                                                                     int keys, int heads,
+                                                                     int section0, int *order)
 {
     __shared__ int next[ORDER_THREADS];   /* per bucket: its count, then its next rank */
     __shared__ int before[ORDER_THREADS / WARP];
     __shared__ __align__(16) unsigned char stage[ORDER_STAGE];
+    grid_launch_dependents();   /* the forward's first section may start now */
     const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
     const int tiles = ((keys ? p.N_q : p.N_k) + MASK_TILE - 1) / MASK_TILE;
-    const int H = keys ? p.H : p.H_kv, bh0 = blockIdx.x * heads;
+    const int H = keys ? p.H : p.H_kv, bh0 = ((int)blockIdx.x + section0) * heads;
     const int items = min(heads, p.B * H - bh0) * tiles;
     int *rank_to_tile = order + (size_t)bh0 * tiles;
     int2 *rank_to_item = (int2 *)order + (size_t)bh0 * tiles;
@@ -329,13 +352,20 @@ static __device__ __forceinline__ int block_tile(const int *order)
  * the tail. With a causal window W, every tile from ceil((W - 1) / Br) on is as long as the
  * longest (its first row sees W keys): those go first, head after head in grid order, then the
  * short ones, longest first across all heads, so that the last wave is not whole tiles of a
- * few blocks (docs/09_block_sparse.md). Otherwise tile blockIdx.x of head blockIdx.y. */
-static __device__ __forceinline__ int block_item(const attn_problem p, const int2 *order, int *b,
-                                                 int *h)
+ * few blocks (docs/09_block_sparse.md). Otherwise, and in the first section of a block mask's
+ * order (ranks below sorted_from), tile blockIdx.x of head blockIdx.y. */
+static __device__ __forceinline__ int block_item(const attn_problem p, const int2 *order,
+                                                 int sorted_from, int *b, int *h)
 {
     const int X = gridDim.x, Y = gridDim.y;
     const int n = ((int)blockIdx.z * Y + (int)blockIdx.y) * X + (int)blockIdx.x;   /* launch rank */
     if (order) {
+        if (n < sorted_from) {   /* the first section: grid order */
+            *b = blockIdx.z;
+            *h = blockIdx.y;
+            return (int)blockIdx.x;
+        }
+        grid_wait();   /* for order_kernel */
         const int2 item = order[n];
         *b = item.y / Y;
         *h = item.y - *b * Y;
@@ -626,7 +656,8 @@ static __device__ __forceinline__ void forward_step(const attn_problem *p, const
  * mma instruction per dtype. */
 static __device__ __forceinline__ void tiled_attention(const attn_problem p, const attn_args a,
                                                        const band w, const int *order,
-                                                       const int d, const int fp16)
+                                                       const int sorted_from, const int d,
+                                                       const int fp16)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const int row_bytes = 2 * d, tile_bytes = Bc * row_bytes;
@@ -637,7 +668,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     /* The longest tiles first (block_item). */
     int b, h;
-    const int tile = block_item(p, (const int2 *)order, &b, &h);
+    const int tile = block_item(p, (const int2 *)order, sorted_from, &b, &h);
     const int i0 = tile * Br;
     const int h_kv = h / (p.H / p.H_kv);
 
@@ -756,11 +787,11 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 /* One kernel per head dim and dtype, each with literals inside (one kernel holding all four
  * branches is register-allocated as a whole and spills). Two blocks of 4 warps per SM: up to
  * 255 registers a thread, 2 x 96 KiB of shared memory at d = 128. */
-typedef void (*attention_fn)(attn_problem, attn_args, band, const int *);
-static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a, band w, const int *order)  { tiled_attention(p, a, w, order, 64, 0); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a, band w, const int *order)  { tiled_attention(p, a, w, order, 64, 1); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a, band w, const int *order) { tiled_attention(p, a, w, order, 128, 0); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a, band w, const int *order) { tiled_attention(p, a, w, order, 128, 1); }
+typedef void (*attention_fn)(attn_problem, attn_args, band, const int *, int);
+static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a, band w, const int *order, int sorted_from)  { tiled_attention(p, a, w, order, sorted_from, 64, 0); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a, band w, const int *order, int sorted_from)  { tiled_attention(p, a, w, order, sorted_from, 64, 1); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a, band w, const int *order, int sorted_from) { tiled_attention(p, a, w, order, sorted_from, 128, 0); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a, band w, const int *order, int sorted_from) { tiled_attention(p, a, w, order, sorted_from, 128, 1); }
 
 static attention_fn pick_forward(const attn_problem *p)
 {
@@ -1499,19 +1530,28 @@ static cudaError_t section_heads(const attn_problem *p, int *heads)
 }
 
 /* With a block mask, *order = the forward's query tiles (keys = 1) or the backward's key tiles,
- * heaviest first within sections (a kv head in the backward), in ws (order_bytes); without
- * one, NULL (block x of head y takes tile x of head y). */
+ * heaviest first within sections (a kv head in the backward), in ws (order_bytes), and
+ * *sorted_from = the first rank that reads it (the forward's first section takes grid order);
+ * without one, NULL (block x of head y takes tile x of head y). *sorted = whether order_kernel
+ * was launched (the forward's only section needs none). */
 static cudaError_t heavy_first(const attn_problem *p, const attn_args *a, int keys, void *ws,
-                               cudaStream_t s, const int **order)
+                               cudaStream_t s, const int **order, int *sorted_from, int *sorted)
 {
     *order = NULL;
+    *sorted_from = *sorted = 0;
     if (!p->block_mask) return cudaSuccess;
     int heads = 1;
     if (keys) ATTN_TRY(section_heads(p, &heads));
-    const int bh = p->B * (keys ? p->H : p->H_kv);
-    order_kernel<<<attn_ceil_div(bh, heads), ORDER_THREADS, 0, s>>>(*p, *a, keys, heads, (int *)ws);
-    ATTN_LAUNCH_CHECK();
+    const int bh = p->B * (keys ? p->H : p->H_kv), section0 = keys;
+    const int sections = attn_ceil_div(bh, heads);
     *order = (const int *)ws;
+    *sorted_from = section0 * heads * attn_ceil_div(keys ? p->N_q : p->N_k, MASK_TILE);
+    if (sections > section0) {
+        order_kernel<<<sections - section0, ORDER_THREADS, 0, s>>>(*p, *a, keys, heads, section0,
+                                                                    (int *)ws);
+        ATTN_LAUNCH_CHECK();
+        *sorted = 1;
+    }
     return cudaSuccess;
 }
 
@@ -1529,11 +1569,25 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     const attention_fn kernel = pick_forward(p);
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid(attn_ceil_div(p->N_q, Br), p->H, p->B);
     const int *order;
-    ATTN_TRY(heavy_first(p, a, 1, a->ws, s, &order));
-    kernel<<<grid, THREADS, smem, s>>>(*p, *a, diagonal_band(p), order);
-    ATTN_LAUNCH_CHECK();
+    int sorted_from, sorted, dev = 0, major = 0;
+    ATTN_TRY(heavy_first(p, a, 1, a->ws, s, &order, &sorted_from, &sorted));
+    ATTN_TRY(cudaGetDevice(&dev));
+    ATTN_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    /* After order_kernel, on sm_90, a dependent launch: the first section starts at once. */
+    cudaLaunchAttribute early;
+    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t launch = {0};
+    launch.gridDim = dim3(attn_ceil_div(p->N_q, Br), p->H, p->B);
+    launch.blockDim = dim3(THREADS);
+    launch.dynamicSmemBytes = smem;
+    launch.stream = s;
+    launch.attrs = &early;
+    launch.numAttrs = sorted && major >= 9;
+    band w = diagonal_band(p);
+    void *args[] = {(void *)p, (void *)a, &w, &order, &sorted_from};
+    ATTN_TRY(cudaLaunchKernelExC(&launch, (const void *)kernel, args));
     return cudaSuccess;
 }
 
@@ -1557,7 +1611,9 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
     const int *order;
-    ATTN_TRY(heavy_first(p, a, 0, (char *)a->ws + D_bytes(p) + dq_acc_bytes(p), s, &order));
+    int sorted_from, sorted;
+    ATTN_TRY(heavy_first(p, a, 0, (char *)a->ws + D_bytes(p) + dq_acc_bytes(p), s, &order,
+                         &sorted_from, &sorted));
     kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc, diagonal_band(p), order);
     ATTN_LAUNCH_CHECK();
 
