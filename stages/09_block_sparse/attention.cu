@@ -13,7 +13,8 @@
  *   and one without (FlexAttention keeps the same two lists). The backward has such lists per
  *   key tile, walked in 06's order (heads, then tiles) by next_step.
  * - With a block mask, tiles start heaviest first (order_kernel), so that no long one is last:
- *   in the forward across the heads a wave of blocks holds, in the backward per kv head.
+ *   in the forward across the heads a wave of blocks holds (the first wave, which starts at
+ *   once, in grid order while the rest is sorted: a dependent launch), in the backward per kv head.
  *   Without one, the forward's causal tiles (and a causal window's) start longest first.
  * - The fold: a window's first tile, which rows Br/2.. do not see, and its last, which rows
  *   ..Br/2-1 do not, share one forward step, each half's warps on its own tile; in the
