@@ -201,7 +201,8 @@ static __device__ __forceinline__ int last_tile(int list, int j, int end, int pe
 #define ORDER_STAGE 32768    /* order_kernel: shared memory for the backward's mask copy */
 
 /* The forward's first section needs no order: its tiles fill the first wave, which starts all
- * of them at once whatever their ranks. So it takes them in grid order, order_kernel sorts the
+ * of them at once whatever their ranks (a section is one head at least: where a head has more
+ * tiles than a wave holds, that head's go unsorted). So it takes them in grid order, order_kernel sorts the
  * other sections only, and on sm_90 the forward is launched as its dependent (programmatic
  * dependent launch): the first wave runs while the sort does, and a block of a later section
  * waits for it (grid_wait) before it reads its rank. On sm_80 both are no-ops, and the forward
@@ -264,10 +265,10 @@ static __device__ __forceinline__ int tile_work(const attn_problem p, const attn
 }
 
 /* One block per section from section0 on (1 in the forward, 0 in the backward): the heads
- * (kv heads in the backward) bh = b H + h from bh0 = (blockIdx.x + section0) heads on, `heads` of them or fewer in the last section, each with `tiles`
- * tiles. Entry bh0 tiles + r of the order is the item of rank r in the section, heaviest
- * first: {tile, bh} (int2) in the forward, the tile (int) in the backward, whose sections are
- * one head. A counting sort, a bucket per work; items of equal work (or past the cap) take
+ * (kv heads in the backward) bh = b H + h from bh0 = (blockIdx.x + section0) heads on, `heads`
+ * of them or fewer in the last section, each with `tiles` tiles. Entry bh0 tiles + r of the
+ * order is the item of rank r in the section, heaviest first: {tile, bh} (int2) in the
+ * forward, the tile (int) in the backward, whose sections are one head. A counting sort, a bucket per work; items of equal work (or past the cap) take
  * their ranks in any order, which may change from call to call: the results do not, since
  * each tile writes its own outputs (O_i, L_i; dK_j, dV_j; dQ's atomics are unordered anyway). */
 static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_problem p, attn_args a,
