@@ -14,8 +14,9 @@
  *   key tile, walked in 06's order (heads, then tiles) by next_step.
  * - With a block mask, tiles start heaviest first (order_kernel), so that no long one is last:
  *   in the forward across the heads a wave of blocks holds (the first wave, which starts at
- *   once, in grid order while the rest is sorted: a dependent launch), in the backward per kv head.
- *   Without one, the forward's causal tiles (and a causal window's) start longest first.
+ *   once, in grid order while the rest is sorted), in the backward per kv head. Without one,
+ *   the forward's causal tiles (and a causal window's) start longest first. On sm_90 each
+ *   kernel after the sort is launched as the dependent of the one before (launch).
  * - The fold: a window's first tile, which rows Br/2.. do not see, and its last, which rows
  *   ..Br/2-1 do not, share one forward step, each half's warps on its own tile; in the
  *   backward, a key tile's first and last query steps, one for each half of its keys.
@@ -905,6 +906,7 @@ static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int per_row = p.d / CHUNK, fp16 = p.dtype == ATTN_FP16;
     const size_t n_chunks = (size_t)p.B * p.N_q * p.H * per_row;
+    grid_launch_dependents();   /* the backward kernel may start once every block is here */
     if (t < acc_chunks) {
         const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         ((float4 *)dq_acc)[2 * t] = zero;
@@ -926,6 +928,10 @@ static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void
         const int h = (int)(row % p.H), i = (int)(row / p.H % p.N_q), b = (int)(row / p.H / p.N_q);
         D[((size_t)b * p.H + h) * p.N_q + i] = acc;
     }
+    /* Launched as the sort's dependent, this pass runs beside it (it reads nothing the sort
+     * writes); one thread waiting for the sort keeps this grid from ending first, so that the
+     * backward kernel, which waits for this grid, finds the order written too. */
+    if (t == 0) grid_wait();
 }
 
 /* Start loading one step of the backward loop into a stage: Q_i, dO_i (rows i0 .. i0+br-1 of
@@ -1168,6 +1174,8 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     const bwd_smem m = backward_layout(d, br);
     const int row_bytes = 2 * d;
     const uint32_t K_j = smem_u32(smem);
+    grid_wait();   /* a dependent launch (backward()): for D, the zeroed dQ and the order */
+    grid_launch_dependents();
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wm = warp % 2, wn = warp / 2;
@@ -1448,6 +1456,7 @@ static __global__ void __launch_bounds__(512) convert_dq_kernel(attn_problem p, 
     const int pitch = CONVERT_PITCH(d);
     const size_t tile = blockIdx.x;   /* (b H + h) Tr + query tile */
     const int e = threadIdx.x, fp16 = p.dtype == ATTN_FP16;
+    grid_wait();   /* for the backward kernel's atomics */
     {
         const int row = e % br, col = e / br * 2 * CHUNK;
         const int wm = row / (br / 2), mt = row % (br / 2) / MMA_M, hf = row % MMA_M / 8;
@@ -1565,6 +1574,29 @@ static size_t workspace(const attn_problem *p, attn_dir dir)
     return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) + order_bytes(p, 0) : order_bytes(p, 1);
 }
 
+/* Launches kernel in s; with early (on sm_90), as a dependent of the kernel before it
+ * (programmatic dependent launch): its blocks may start while that one's last blocks run,
+ * and wait for it in grid_wait. On sm_80, or without early, it starts after that one ends. */
+static cudaError_t launch(const void *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                          void **args, int early)
+{
+    int dev = 0, major = 0;
+    ATTN_TRY(cudaGetDevice(&dev));
+    ATTN_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaLaunchAttribute dependent;
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {0};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = s;
+    c.attrs = &dependent;
+    c.numAttrs = early && major >= 9;
+    ATTN_TRY(cudaLaunchKernelExC(&c, kernel, args));
+    return cudaSuccess;
+}
+
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
     const size_t smem = smem_bytes(p->d) + list_bytes(p, 1);
@@ -1572,63 +1604,59 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int *order;
-    int sorted_from, sorted, dev = 0, major = 0;
+    int sorted_from, sorted;
     ATTN_TRY(heavy_first(p, a, 1, a->ws, s, &order, &sorted_from, &sorted));
-    ATTN_TRY(cudaGetDevice(&dev));
-    ATTN_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    /* After order_kernel, on sm_90, a dependent launch: the first section starts at once. */
-    cudaLaunchAttribute early;
-    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    early.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t launch = {0};
-    launch.gridDim = dim3(attn_ceil_div(p->N_q, Br), p->H, p->B);
-    launch.blockDim = dim3(THREADS);
-    launch.dynamicSmemBytes = smem;
-    launch.stream = s;
-    launch.attrs = &early;
-    launch.numAttrs = sorted && major >= 9;
+    /* After order_kernel, a dependent launch: the first section starts at once. */
     band w = diagonal_band(p);
     void *args[] = {(void *)p, (void *)a, &w, &order, &sorted_from};
-    ATTN_TRY(cudaLaunchKernelExC(&launch, (const void *)kernel, args));
-    return cudaSuccess;
+    return launch((const void *)kernel, dim3(attn_ceil_div(p->N_q, Br), p->H, p->B), dim3(THREADS),
+                  smem, s, args, sorted);
 }
 
 /* D, then the K/V-outer backward (dK, dV written; dQ accumulated in fp32 with atomics, or
- * skipped), then dQ: scaled and rounded from the accumulator, or the deterministic dq_* kernel. */
+ * skipped), then dQ: scaled and rounded from the accumulator, or the deterministic dq_* kernel.
+ * With a block mask the sort goes first and D's pass runs beside it; from there on each kernel
+ * is launched as the dependent of the one before (launch), so that none waits for a launch. */
 static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
     float *D = (float *)a->ws;
     float *dq_acc = p->deterministic ? NULL : (float *)((char *)a->ws + D_bytes(p));
+    const int *order;
+    int sorted_from, sorted;
+    ATTN_TRY(heavy_first(p, a, 0, (char *)a->ws + D_bytes(p) + dq_acc_bytes(p), s, &order,
+                         &sorted_from, &sorted));
     /* rowdot_kernel: a thread per 8 elements of O, and per 8 floats of the accumulator (which
      * arrives poisoned and must start at zero). */
     const size_t n_chunks = (size_t)p->B * p->H * p->N_q * (p->d / CHUNK);
-    const size_t acc_chunks = dq_acc_bytes(p) / sizeof(float) / CHUNK;
-    rowdot_kernel<<<attn_blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS), THREADS, 0, s>>>(
-        *p, a->d_o, a->o, D, dq_acc, acc_chunks);
-    ATTN_LAUNCH_CHECK();
+    size_t acc_chunks = dq_acc_bytes(p) / sizeof(float) / CHUNK;
+    attn_problem pv = *p;
+    attn_args av = *a;
+    void *rowdot_args[] = {&pv, &av.d_o, &av.o, &D, &dq_acc, &acc_chunks};
+    ATTN_TRY(launch((const void *)rowdot_kernel,
+                    dim3(attn_blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS)),
+                    dim3(THREADS), 0, s, rowdot_args, sorted));
 
     const int br = backward_rows(p);
     const size_t smem = backward_smem_bytes(p);
     const backward_fn kernel = pick_backward(p, br);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
-    const int *order;
-    int sorted_from, sorted;
-    ATTN_TRY(heavy_first(p, a, 0, (char *)a->ws + D_bytes(p) + dq_acc_bytes(p), s, &order,
-                         &sorted_from, &sorted));
-    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc, diagonal_band(p), order);
-    ATTN_LAUNCH_CHECK();
+    band w = diagonal_band(p);
+    void *args[] = {&pv, &av, &D, &dq_acc, &w, &order};
+    ATTN_TRY(launch((const void *)kernel, dim3(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B),
+                    dim3(BWD_THREADS), smem, s, args, 1));
 
     if (dq_acc) {
+        int rows = br;
+        void *convert_args[] = {&pv, &rows, &dq_acc, &av.dq};
         const int tiles = attn_ceil_div(p->N_q, br) * p->H * p->B;   /* a block each */
-        convert_dq_kernel<<<tiles, br * (p->d / (2 * CHUNK)), 0, s>>>(*p, br, dq_acc, a->dq);
-    } else {
-        const size_t dq_smem = dq_smem_bytes(p->d) + list_bytes(p, 1);
-        const dq_fn dq = pick_dq(p);
-        ATTN_TRY(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem));
-        const dim3 dq_grid(attn_ceil_div(p->N_q, DQ_Br), p->H, p->B);
-        dq<<<dq_grid, DQ_THREADS, dq_smem, s>>>(*p, *a, D, diagonal_band(p));
+        return launch((const void *)convert_dq_kernel, dim3(tiles), dim3(br * (p->d / (2 * CHUNK))),
+                      0, s, convert_args, 1);
     }
+    const size_t dq_smem = dq_smem_bytes(p->d) + list_bytes(p, 1);
+    const dq_fn dq = pick_dq(p);
+    ATTN_TRY(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem));
+    const dim3 dq_grid(attn_ceil_div(p->N_q, DQ_Br), p->H, p->B);
+    dq<<<dq_grid, DQ_THREADS, dq_smem, s>>>(*p, *a, D, diagonal_band(p));
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }
