@@ -1519,8 +1519,8 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
 #error "order_kernel counts mask tiles: a forward and a backward block must each take one mask tile"
 #endif
 
-/* heavy_first's workspace: an int per block of the forward (keys = 1) or the backward, with a
- * block mask only. */
+/* heavy_first's workspace, with a block mask only: an item (int2: tile, b H + h) per block of
+ * the forward (keys = 1), a tile (int) per block of the backward. */
 static size_t order_bytes(const attn_problem *p, int keys)
 {
     if (!p->block_mask) return 0;
