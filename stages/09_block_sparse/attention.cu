@@ -4,32 +4,26 @@
  * Changed from 06_fa2: the same kernels, told which tiles to skip. A tile that the mask zeroes
  * costs neither a load nor a product, so time falls with the density while the answer stays
  * exact (FA-1 section 3.3: IO Θ(Nd + N²d²s/M) for a fraction s of nonzero blocks).
- * - Masks (attn.h): causal, a sliding window W (--window) and a block mask of 128 x 128 tiles
- *   per (batch, head) (--mask, --block-mask), ANDed. visible_keys gives a row's keys [lo, hi);
- *   mask_scores applies the same rule element by element, as a band around the diagonal.
- * - Tile lists (build_list): one bit per reachable mask tile set where the block mask has a 1,
- *   a second where the window, the diagonal or N_k cuts it; next_tile walks the first, and
- *   only cut tiles run mask code: the step (forward_step, backward_step) has a copy with it
- *   and one without (FlexAttention keeps the same two lists). The backward has such lists per
- *   key tile, walked in 06's order (heads, then tiles) by next_step.
- * - With a block mask, tiles start heaviest first (order_kernel), so that no long one is last:
- *   in the forward across the heads a wave of blocks holds (the first wave, which starts at
- *   once, in grid order while the rest is sorted), in the backward per kv head. Without one,
- *   the forward's causal tiles (and a causal window's) start longest first. On sm_90 each
- *   kernel after the sort is launched as the dependent of the one before (launch).
- * - The fold: a window's first tile, which rows Br/2.. do not see, and its last, which rows
- *   ..Br/2-1 do not, share one forward step, each half's warps on its own tile; in the
- *   backward, a key tile's first and last query steps, one for each half of its keys.
- * - Registers: 06's d = 128 forward uses 254 of 255; here build_list is out of line and that
- *   kernel keeps its row sums in shared memory. No spill; an all-ones mask gives 06's bits.
- *   A row that sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
+ * - Masks (attn.h): causal, a window W (--window) and a block mask of 128 x 128 tiles per
+ *   (batch, head) (--mask, --block-mask), ANDed; visible_keys gives a row's keys [lo, hi).
+ * - Tile lists (build_list): a bitmap of the mask tiles to visit and one of those the window,
+ *   the diagonal or N_k cut; only cut tiles run mask code (forward_step and backward_step each
+ *   have a copy with it and one without). The backward has such lists per key tile (next_step).
+ * - Heavy tiles first: with a block mask, order_kernel sorts tiles by their length (the
+ *   forward across the heads of a wave, whose first wave starts in grid order while the rest
+ *   is sorted; the backward per kv head); a causal window's tiles start longest first. On
+ *   sm_90 each kernel after the sort is launched as the dependent of the one before (launch).
+ * - The fold: a window's first and last tiles, each seen by half of the block's rows (forward)
+ *   or keys (backward), share one step, each half's warps on its own tile.
+ * - Registers: build_list is out of line and the d = 128 forward keeps its row sums in shared
+ *   memory. No spill; an all-ones mask gives 06's bits. A row that sees no key gets O = 0 and
+ *   L = -inf; its P is 0 in the backward.
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
  * Time: falls with the density; below dense 06_fa2's rate on the visible pairs, the more so
  *   the sparser the mask (docs/09_block_sparse.md, generated).
- * Memory: as 06_fa2, plus in shared memory the lists (2 ceil(N_k / 4096) words a forward block,
- *   2 (H / H_kv) ceil(N_q / 4096) a backward block) and the forward's row sums (2 KiB); with a
- *   block mask, the order in the workspace: two ints (forward) or one per tile and head.
+ * Memory: as 06_fa2, plus in shared memory the lists (two words per 32 mask tiles, per query
+ *   head in the backward) and the d = 128 forward's row sums (2 KiB); the order in the workspace.
  * Run: make build/09_block_sparse && build/09_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
  */
