@@ -10,8 +10,8 @@
  *   the diagonal or N_k cut; only cut tiles run mask code (forward_step and backward_step each
  *   have a copy with it and one without). The backward has such lists per key tile (next_step).
  * - Heavy tiles first: with a block mask, order_kernel sorts tiles by their length (the
- *   forward across the heads of a wave, whose first wave starts in grid order while the rest
- *   is sorted; the backward per kv head); a causal window's tiles start longest first. On
+ *   forward across the heads one wave holds, its first wave in grid order while the rest is
+ *   sorted; the backward per kv head); a causal window's tiles start longest first. On
  *   sm_90 each kernel after the sort is launched as the dependent of the one before (launch).
  * - The fold: a window's first and last tiles, each seen by half of the block's rows (forward)
  *   or keys (backward), share one step, each half's warps on its own tile.
@@ -23,7 +23,8 @@
  * Time: falls with the density; below dense 06_fa2's rate on the visible pairs, the more so
  *   the sparser the mask (docs/09_block_sparse.md, generated).
  * Memory: as 06_fa2, plus in shared memory the lists (two words per 32 mask tiles, per query
- *   head in the backward) and the d = 128 forward's row sums (2 KiB); the order in the workspace.
+ *   head in the backward) and the d = 128 forward's row sums (2 KiB); a block mask's order in
+ *   the workspace.
  * Run: make build/09_block_sparse && build/09_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
  */
