@@ -5,13 +5,16 @@
 #                         a Hopper stage also leaves its PTX in build/<stage>.ptx)
 #   make build/03_tiled BR=32 BC=128   stage 3 (and 4, BR only) with other tile sizes; make
 #                         again without them to go back (the objects remember the knobs)
-#   make build/08_fa3 TRACE=1   stage 8 able to record its pipeline's timeline (ATTN_TRACE=FILE)
+#   make build/08_fa3 TRACE=1   a warp-specialised stage able to record its pipeline's timeline
+#                         (ATTN_TRACE=FILE; common/trace.cuh)
+#   make build/08_fa3 OFF=pingpong,overlap   a Hopper stage with ideas built out (its header
+#                         lists its knobs; make again without OFF to go back)
 #   make test             static check + Criterion tests (GPU tests skip without a GPU)
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
 #   make bench / plots    plots/bench.sh then plots/bytes.sh (GPU), plots/plots.sh
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
-#   make ablation         plots/ablation.sh: stage 8 under each set of its ATTN_FA3 switches,
-#                         into docs/logs/ablation-08-<date>.csv (GPU)
+#   make ablation         plots/ablation.sh: stages 8 and 9 with each of their ideas built out
+#                         (build/ablation/), checked and timed (GPU)
 #   make profile STAGE=n [ARGS="..."]   plots/profile.sh: Nsight Compute's time, DRAM bytes,
 #                         occupancy, tensor pipe and stall reasons of stage n, one table (GPU)
 #   make diff STAGE=n     what stage n changes relative to its parent (the stage its header
@@ -52,7 +55,7 @@ CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-format-truncation -D_POSIX_C_SOURC
 LDLIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lm
 CUBLAS_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas
 
-DEV_HDRS := common/attn.h common/attn_device.cuh $(wildcard common/mma.cuh common/hopper.cuh)
+DEV_HDRS := common/attn.h common/attn_device.cuh $(wildcard common/mma.cuh common/hopper.cuh common/trace.cuh)
 LIB_SRCS := $(filter-out common/main.c,$(wildcard common/*.c))
 LIB_OBJS := $(patsubst common/%.c,$(OBJ)/lib_%.o,$(LIB_SRCS))
 LIB      := $(BUILD)/libharness.a
@@ -94,11 +97,14 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-# ---- knobs: BR and BC (tile sizes) reach the stages whose source reads them (#ifndef BR), TRACE
-# (stage 8's timeline) those with #ifdef TRACE; the
-# file build/knobs changes only when the knobs do, and those stages are rebuilt then --------
-KNOBS := $(strip $(if $(BR),-DBR=$(BR)) $(if $(BC),-DBC=$(BC)) $(if $(TRACE),-DTRACE=1))
-KNOB_STAGES := $(patsubst $(STAGES_DIR)/%/attention.cu,%,$(shell grep -l '^\#ifndef BR\|^\#ifdef TRACE' $(STAGES_DIR)/*/attention.cu 2>/dev/null))
+# ---- knobs: BR and BC (tile sizes) reach the stages whose source reads them (#ifndef BR); TRACE
+# (the pipeline's timeline) those that include trace.cuh; OFF=a,b (ideas built out for an
+# ablation: -DA=0 -DB=0) those with "#ifndef A   /* knob: ..." lines. The file build/knobs
+# changes only when the knobs do, and those stages are rebuilt then ------------------------
+comma := ,
+KNOBS := $(strip $(if $(BR),-DBR=$(BR)) $(if $(BC),-DBC=$(BC)) $(if $(TRACE),-DTRACE=1) \
+           $(foreach k,$(subst $(comma), ,$(OFF)),-D$(shell echo '$(k)' | tr a-z A-Z)=0))
+KNOB_STAGES := $(patsubst $(STAGES_DIR)/%/attention.cu,%,$(shell grep -l '^\#ifndef BR\|^\#ifndef [A-Z_]* *.. knob:\|^\#include "trace.cuh"' $(STAGES_DIR)/*/attention.cu 2>/dev/null))
 $(BUILD)/knobs: FORCE | $(OBJ)
 	@echo '$(KNOBS)' > $@.tmp; if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
 $(patsubst %,$(OBJ)/%.stage.o,$(KNOB_STAGES)): $(BUILD)/knobs
@@ -181,7 +187,7 @@ bench: all
 bytes: all
 	sh plots/bytes.sh
 
-ablation: $(BUILD)/08_fa3
+ablation: all
 	BUILD_DIR=$(BUILD) sh plots/ablation.sh
 
 profile: all

@@ -1,92 +1,111 @@
 #!/bin/sh
-# plots/ablation.sh: stage 8's ablation (docs/08_fa3.md, "The ablation"): its forward timed under
-# each set of its ATTN_FA3 switches, on shapes of the sweep.
+# plots/ablation.sh: what each idea of the warp-specialised Hopper stages buys (`make ablation`;
+# docs/08_fa3.md and docs/09_fa3_persistent.md, "What the numbers show").
 #
-# Runs on the GPU machine, from the repository root, after `make build/08_fa3`. Needs only a
-# POSIX sh and awk.
+# Runs on the GPU machine, from the repository root, after `make`. Needs a POSIX sh, awk and
+# make (with nvcc: the builds below are made here unless they are already up to date).
 #
-#   sh plots/ablation.sh [CSV]      measure; CSV default docs/logs/ablation-08-<UTC date>.csv
-#                                   (with a letter after the date, b, c, ..., when that exists)
-#   sh plots/ablation.sh --sets     print the switch sets, one a line (plots/docs_tables.sh
-#                                   reads them from here)
+# Each stage is built once more for each of its ideas, with that idea built out
+# (make BUILD=build/ablation/<stage>-<idea> OFF=<idea>; the stage's header names its knobs):
+#   08_fa3             ws (a consumer thread loads, as in 07), pingpong, overlap
+#   09_fa3_persistent  persistent (one tile a block), tma_store (O stored as in 08), lazy, wide
+# Every build is checked against the float64 oracle first (three odd shapes, one per d); a
+# build that fails its check is not timed. Then, shape by shape, the stage as it is and its
+# builds run back to back (so that the columns of a row share the GPU's clock), at the sweep's
+# protocol: 16384 tokens (B = 16384/N), hidden 2048 (H = 2048/d), bf16, forward, at N = 8192
+# for d = 64, 128, 256, causal and not, and N = 2048 at d = 128, `--bench` (the median of the timed runs after the
+# clock has settled, L2 flushed before each: common/runner.c).
 #
-# For each switch set of SETS, in that order ("default": ATTN_FA3 unset; the names are the ones
-# parse_opts in stages/08_fa3/attention.cu reads), each head dim d of 128 64 256, causal 0 and 1,
-# and N of 2048 8192, the sweep's protocol: 16384 tokens (B = 16384/N), hidden 2048
-# (H = 2048/d), bf16 (the program's default):
-#   ATTN_FA3=SET build/08_fa3 --batch B --heads H --seqlen N --dim d [--causal] --bench
-# One CSV row a run, "switches",d,causal,N,median_ms,tflops, the two numbers as the program
-# prints them (median of the timed runs, L2 flushed before each). A run that is refused or
-# fails gets a row with both empty, and its reason on stderr; the others still run. The rows
-# are written to CSV when the last run is done (an interrupted run writes nothing).
-# Exit 2, with nothing measured, when build/08_fa3 is not built or cannot run here (no GPU,
-# or not compute capability 9.0: the program's own refusal is printed).
-# Environment: BUILD_DIR (build).
+#   sh plots/ablation.sh            -> plots/results/<gpu>-ablation.csv and its .runs line
+#
+# CSV: gpu,stage,off,d,causal,N,median_ms,tflops,status ("off" empty: the stage as it is).
+# The file is written when the last run is done (an interrupted run leaves it as it was).
+# Environment: BUILD_DIR (build), RESULTS_DIR (plots/results), GPU_NAME (nvidia-smi's),
+# BENCH_COMMIT (the commit measured, for the .runs line; default: git's HEAD, if any).
 set -u
-HERE=$(pwd)   # a relative CSV argument is relative to where the script was called from
 cd "$(dirname "$0")/.." || exit 2
 
-SETS='default
-nopersistent
-nopingpong
-nooverlap
-nows
-stages=1
-nopingpong,nooverlap
-nopingpong,nooverlap,nows'
-DIMS="128 64 256"
-CAUSALS="0 1"
-NS="2048 8192"
+ABLATIONS="08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
+09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy 09_fa3_persistent:wide"
+# per shape, each stage as it is ("stage:") and then its builds
+ORDER="08_fa3: 08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
+09_fa3_persistent: 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy 09_fa3_persistent:wide"
+# the shapes, d:causal:N: where ping-pong pays and where it does not
+SHAPES="128:0:2048 128:1:2048 128:0:8192 128:1:8192 64:0:8192 64:1:8192 256:0:8192 256:1:8192"
 TOKENS=16384        # the papers' protocol: B * N = 16384 tokens ...
 HIDDEN=2048         # ... and H * d = 2048
+BUILD_DIR=${BUILD_DIR:-build}
+RESULTS_DIR=${RESULTS_DIR:-plots/results}
 
-if [ "${1:-}" = --sets ]; then echo "$SETS"; exit 0; fi
-case ${1:-} in
-    -*) echo "usage: sh plots/ablation.sh [CSV | --sets]" >&2; exit 2 ;;
-    "") out=docs/logs/ablation-08-$(date -u +%F)
-        for s in "" b c d e f g h i j k l m n o p q r s t u v w x y z; do
-            [ -e "$out$s.csv" ] || break
-        done
-        [ ! -e "$out$s.csv" ] || { echo "ablation: $out.csv ... ${out}z.csv all exist: name one" >&2; exit 2; }
-        out=$out$s.csv ;;
-    /*) out=$1 ;;
-    *) out=$HERE/$1 ;;
-esac
-BIN=${BUILD_DIR:-build}/08_fa3
-[ -x "$BIN" ] || { echo "ablation: no program $BIN (make build/08_fa3 first)" >&2; exit 2; }
-unset ATTN_FA3 ATTN_TRACE   # "default" is the stage without switches
+GPU_NAME=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)}
+[ -n "$GPU_NAME" ] || { echo "ablation: no GPU (nvidia-smi names none)" >&2; exit 2; }
+GPU_TAG=$(printf '%s' "$GPU_NAME" | tr ' ' '-')
+OUT=$RESULTS_DIR/$GPU_TAG-ablation.csv
+COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ablation.XXXXXX") || exit 2
 trap 'rm -rf "$WORK"' EXIT
-# one small call first: without a GPU the program refuses it, and says why
-if ! "$BIN" --batch 1 --heads 1 --seqlen 128 --dim 128 > /dev/null 2> "$WORK/err"; then
-    echo "ablation: $BIN cannot run here: $(tail -n 1 "$WORK/err")" >&2
+
+# the builds, side by side
+pids=
+for a in $ABLATIONS; do
+    s=${a%%:*} o=${a#*:}
+    make -s BUILD="$BUILD_DIR/ablation/$s-$o" OFF="$o" "$BUILD_DIR/ablation/$s-$o/$s" \
+        > "$WORK/build-$s-$o.log" 2>&1 &
+    pids="$pids $!"
+done
+fail=0
+for p in $pids; do wait "$p" || fail=1; done
+[ $fail = 0 ] || { cat "$WORK"/build-*.log >&2; echo "ablation: a build failed" >&2; exit 2; }
+
+# program STAGE [IDEA]: the path of the stage's build
+program() { if [ -z "${2:-}" ]; then echo "$BUILD_DIR/$1"; else echo "$BUILD_DIR/ablation/$1-$2/$1"; fi; }
+
+# one small call first: without a Hopper GPU the stage refuses it, and says why
+if ! "$(program 08_fa3)" --batch 1 --heads 1 --seqlen 128 --dim 128 > /dev/null 2> "$WORK/err"; then
+    echo "ablation: $(program 08_fa3) cannot run here: $(tail -n 1 "$WORK/err")" >&2
     exit 2
 fi
 
-echo "switches,d,causal,N,median_ms,tflops" > "$WORK/rows.csv"
-runs=0 bad=0
-for sw in $SETS; do
-    for d in $DIMS; do
-        for causal in $CAUSALS; do
-            for n in $NS; do
-                set -- --batch $((TOKENS / n)) --heads $((HIDDEN / d)) --seqlen "$n" --dim "$d" --bench
-                [ "$causal" = 1 ] && set -- "$@" --causal
-                if [ "$sw" = default ]; then "$BIN" "$@"; else ATTN_FA3=$sw "$BIN" "$@"; fi \
-                    > "$WORK/out" 2> "$WORK/err"
-                rc=$?
-                # the last line: "... | 1.910 ms 575.7 TFLOP/s (median of N) | workspace ..."
-                t=$(sed -n 's/.*| \([0-9.]*\) ms \([0-9.]*\) TFLOP\/s (median.*/\1,\2/p' "$WORK/out" | tail -n 1)
-                runs=$((runs + 1))
-                if [ "$rc" != 0 ] || [ -z "$t" ]; then
-                    t=,
-                    bad=$((bad + 1))
-                    echo "ablation: ATTN_FA3=$sw d=$d causal=$causal N=$n: exit code $rc: $(tail -n 1 "$WORK/err")" >&2
-                fi
-                echo "\"$sw\",$d,$causal,$n,$t" >> "$WORK/rows.csv"
-            done
-        done
+# the checks: every build at two odd shapes
+bad=
+for a in $ABLATIONS; do
+    s=${a%%:*} o=${a#*:}
+    for shape in "--batch 1 --heads 24 --kv-heads 8 --seqlen 1100 --dim 128 --causal" \
+                 "--batch 2 --heads 6 --kv-heads 2 --seqlen 1000 --dim 64 --causal --dtype fp16" \
+                 "--batch 1 --heads 140 --seqlen 300 --dim 256"; do
+        if "$(program "$s" "$o")" $shape --check > "$WORK/out" 2>&1; then
+            echo "ablation: check $s OFF=$o $shape: pass"
+        else
+            echo "ablation: check $s OFF=$o $shape: FAIL"; tail -n 5 "$WORK/out" | sed 's/^/    | /'
+            bad="$bad $a"
+        fi
     done
 done
-cp "$WORK/rows.csv" "$out" || exit 2
-echo "ablation: $runs runs of $BIN, $((runs - bad)) timed, $bad refused or failed: $out"
+
+echo "gpu,stage,off,d,causal,N,median_ms,tflops,status" > "$WORK/rows.csv"
+RUN_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
+for shp in $SHAPES; do
+    d=${shp%%:*} n=${shp##*:} causal=${shp#*:}; causal=${causal%:*}
+    {
+            set -- --batch $((TOKENS / n)) --heads $((HIDDEN / d)) --seqlen "$n" --dim "$d" --bench
+            [ "$causal" = 1 ] && set -- "$@" --causal
+            for x in $ORDER; do
+                s=${x%%:*} o=${x#*:}
+                case " $bad " in
+                    *" $x "*) st=failed-check ms= tf= ;;
+                    *) "$(program "$s" "$o")" "$@" > "$WORK/out" 2> "$WORK/err"
+                       rc=$?
+                       # the last line: "... | 1.910 ms 575.7 TFLOP/s (median of N) | workspace ..."
+                       t=$(sed -n 's/.*| \([0-9.]*\) ms \([0-9.]*\) TFLOP\/s (median.*/\1 \2/p' "$WORK/out" | tail -n 1)
+                       if [ "$rc" = 0 ] && [ -n "$t" ]; then st=ok ms=${t% *} tf=${t#* }
+                       else st=failed ms= tf=; echo "ablation: $s OFF=$o $*: exit $rc: $(tail -n 1 "$WORK/err")" >&2; fi ;;
+                esac
+                printf '%-18s %-10s d=%-3s causal=%s N=%-5s %s %s\n' "$s" "${o:-(as is)}" "$d" "$causal" "$n" "${ms:--}" "${tf:-$st}"
+                echo "$GPU_TAG,$s,$o,$d,$causal,$n,$ms,$tf,$st" >> "$WORK/rows.csv"
+            done
+    }
+done
+mkdir -p "$RESULTS_DIR" && cp "$WORK/rows.csv" "$OUT" || exit 2
+echo "$RUN_DATE: $GPU_NAME; commit ${COMMIT:-unknown}; plots/ablation.sh; clock settled (common/runner.c)" > "$OUT.runs"
+echo "ablation: wrote $OUT"

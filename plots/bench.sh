@@ -33,7 +33,7 @@
 #   sh plots/bench.sh                      everything above, into fresh files
 #   STAGES="06_fa2 torch" DIMS=128 sh plots/bench.sh
 #                                          a subset, merged into the existing files
-#   STAGES="06_fa2 09_block_sparse torch_flex" SWEEP=0 LONG=0 sh plots/bench.sh
+#   STAGES="06_fa2 10_block_sparse torch_flex" SWEEP=0 LONG=0 sh plots/bench.sh
 #                                          the masks part alone
 #   sh plots/bench.sh --summary [CSV]      print the summary tables of a CSV, run nothing
 #
@@ -443,6 +443,8 @@ echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; 
 # "clock settled": timed by the settling protocol (common/runner.c; runs before 2026-12-01
 # 07:00 UTC timed 50 ms of warm-up later and the anchors earlier, see docs/notes.md)
 RUN_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
+BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
+RUN_DATE="$RUN_DATE; $GPU_NAME; commit ${BENCH_COMMIT:-unknown}"
 RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${sdpa_anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS; clock settled"
 long_causals=$(echo $LONG_CAUSALS)   # words only; blank: the window series alone
 LONG_RUN_LINE="$RUN_LINE; long causal ${long_causals:-none (the window series only)}, window $LONG_WINDOW; long N $LONG_NS"

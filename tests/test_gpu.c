@@ -369,59 +369,25 @@ Test(gpu, small_shared_memory, .timeout = 300)
     cr_assert(strstr(buf, "shared memory") != NULL, "expected the reason:\n%s", buf);
 }
 
-/* One forward run of stage st on p, fresh inputs from seed, with ATTN_FA3=switches: the status,
- * and the reason of a refusal in *info. */
-static attn_run_status run_fa3(const attn_stage *st, const attn_problem *p, const char *switches,
-                               uint64_t seed, attn_run_info *info)
-{
-    setenv("ATTN_FA3", switches, 1);
-    attn_host t;
-    cr_assert_eq(attn_host_alloc(&t, p, 0), 0);
-    attn_host_fill(&t, test_seed(seed), ATTN_INPUT_NORMAL);
-    attn_run_opts opts = { 0, 1 };
-    const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, info);
-    attn_host_free(&t);
-    unsetenv("ATTN_FA3");
-    return rs;
-}
-
-/* The schedule switches of 08_fa3 (ATTN_FA3, see its header), each on its own and all together,
- * against the oracle at odd shapes: every head dim, causal and not, GQA, fp16. The stage reads
- * the variable at each call, so setenv between runs picks the schedule. The last four shapes have
- * more query tiles than an H200 has SMs, so that the blocks of a persistent grid walk several; the
- * causal d = 256 one has 40 heads where a section of the causal order holds 32, so a shorter one
- * ends it. An unknown switch, a key tile chosen at a head dim that has no choice, and a persistent
- * grid at d = 64 without a causal mask are refused with the reason. */
-Test(gpu, fa3_switches_against_oracle, .timeout = 600)
+/* The Hopper stages (compute capability 9.0 only) at the shapes where their schedules differ,
+ * against the oracle: every head dim, causal and not, GQA, fp16, N a multiple of no tile. The
+ * shapes with more query tiles than an H200 has SMs make the blocks of a persistent grid walk
+ * several (from the counter when causal: tiles of unequal lengths); the causal d = 256 one has 40
+ * heads where a section of the causal order holds 32, so a shorter one ends it; 1000 = 5 x 192
+ * + 40 leaves the last two consumers of a head's last d = 64 tile without a row (pass_step); the
+ * last two reach the 176-key tile of 09_fa3_persistent (from 8192 keys, 16384 with a causal
+ * mask), with a partial last tile. The ablation builds are checked by make ablation. */
+Test(gpu, hopper_stages_against_oracle, .timeout = 900)
 {
     need_gpu();
-    const attn_stage *st = NULL;
-    for (int i = 0; i < attn_nstages; i++)
-        if (!strcmp(attn_stages[i]->name, "08_fa3")) st = attn_stages[i];
-    if (!st) cr_skip_test("08_fa3 not built");
-    static const char *const switches[] = { "", "nopingpong", "nooverlap", "nows", "stages=1",
-                                            "pingpong", "nopingpong,nooverlap,nows,stages=1",
-                                            "bc=128", "bc=176", "bc=176,nooverlap", "bc=64",
-                                            "bc=64,nooverlap", "persistent", "nopersistent",
-                                            "persistent,nopingpong,nooverlap,stages=1",
-                                            /* the 176-key kernels' twins (the default only
-                                             * from 8192 keys, 16384 causal) */
-                                            "bc=176,nows", "bc=176,nooverlap,nows",
-                                            "bc=176,stages=1,nopingpong", "bc=176,nopersistent" };
     static const struct { int B, H, H_kv, N, d, causal, fp16; } shapes[] = {
         { 2, 4, 2, 1000, 128, 1, 0 }, { 1, 2, 2, 255, 64, 0, 1 }, { 2, 2, 1, 17, 256, 1, 0 },
         { 1, 2, 2, 4097, 64, 1, 0 }, { 1, 2, 1, 300, 256, 0, 1 },
-        /* d = 128 without a causal mask: N a multiple of neither key tile (128, 176) */
-        { 2, 4, 2, 1000, 128, 0, 0 }, { 1, 2, 2, 353, 128, 0, 1 },
-        /* causal d = 128 past 4096 keys: a diagonal masked in both key tiles */
-        { 1, 2, 1, 4100, 128, 1, 1 },
-        /* 240, 192, 160 and 144 query tiles (causal: of unequal lengths, from the counter) */
+        { 2, 4, 2, 1000, 128, 0, 0 }, { 1, 2, 2, 353, 128, 0, 1 }, { 1, 2, 1, 4100, 128, 1, 1 },
         { 1, 24, 8, 1200, 128, 0, 1 }, { 1, 32, 8, 700, 128, 1, 0 }, { 1, 40, 40, 500, 256, 1, 0 },
-        { 1, 24, 8, 1100, 64, 1, 1 },
-        /* 144 tiles from the counter whose last two consumers of a head's last tile have no row
-         * (1000 = 5 x 192 + 40: pass_step) */
-        { 1, 24, 8, 1000, 64, 1, 0 } };
-    int failures = 0, ran = 0;
+        { 1, 24, 8, 1100, 64, 1, 1 }, { 1, 24, 8, 1000, 64, 1, 0 }, { 1, 136, 136, 300, 256, 0, 0 },
+        { 1, 2, 1, 8300, 128, 0, 1 }, { 1, 1, 1, 16500, 128, 1, 0 } };
+    int failures = 0, ran = 0, hopper = 0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N,
                                       shapes[k].N, shapes[k].d, shapes[k].causal);
@@ -431,8 +397,10 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
         attn_host_fill(&in, test_seed(3000 + k), ATTN_INPUT_NORMAL);
         attn_ref r;
         cr_assert_eq(attn_oracle(&in, ATTN_FORWARD, NULL, &r), 0);
-        for (size_t w = 0; w < sizeof switches / sizeof switches[0]; w++) {
-            setenv("ATTN_FA3", switches[w], 1);
+        for (int i = 0; i < attn_nstages; i++) {
+            const attn_stage *st = attn_stages[i];
+            if (st->min_sm < 90) continue;
+            hopper += k == 0;
             attn_host t;
             cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
             copy_inputs(&t, &in);
@@ -442,9 +410,9 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
             char shape[256];
             attn_problem_str(&p, st->name, ATTN_FORWARD, shape, sizeof shape);
             if (rs == ATTN_RUN_REFUSED) {
-                fprintf(stderr, "[INFO] %s ATTN_FA3=%s: refused: %s\n", shape, switches[w], info.why);
+                fprintf(stderr, "[INFO] %s: refused: %s\n", shape, info.why);
             } else if (rs != ATTN_RUN_OK) {
-                fprintf(stderr, "%s ATTN_FA3=%s: %s\n", shape, switches[w], info.why);
+                fprintf(stderr, "%s: %s\n", shape, info.why);
                 failures++;
             } else {
                 attn_cmp c[5];
@@ -452,7 +420,7 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
                 ran++;
                 if (attn_compare_all(c, &nc, &t, ATTN_FORWARD, &r, NULL)) {
                     char what[512];
-                    snprintf(what, sizeof what, "%s ATTN_FA3=%s: FAIL against the oracle", shape, switches[w]);
+                    snprintf(what, sizeof what, "%s: FAIL against the oracle", shape);
                     print_cmp(what, c, nc);
                     failures++;
                 }
@@ -462,23 +430,9 @@ Test(gpu, fa3_switches_against_oracle, .timeout = 600)
         attn_ref_free(&r);
         attn_host_free(&in);
     }
-    const attn_problem p = test_problem(1, 2, 2, 17, 17, 64, 0);
-    attn_run_info info;
-    const attn_run_status rs = run_fa3(st, &p, "fast", 3100, &info);   /* not a switch */
-    if (!ran && rs == ATTN_RUN_REFUSED && !strstr(info.why, "ATTN_FA3"))
-        cr_skip_test("08_fa3 refused every run: %s", info.why);   /* not a compute capability 9.0 GPU */
-    cr_assert_eq(rs, ATTN_RUN_REFUSED, "ATTN_FA3=fast was not refused");
-    cr_assert(strstr(info.why, "unknown switch 'fast'") != NULL, "refusal without the reason: %s", info.why);
-    /* a key tile of another head dim: at d = 64 (p above) bc=176 is refused */
-    cr_assert_eq(run_fa3(st, &p, "bc=176", 3101, &info), ATTN_RUN_REFUSED,
-                 "ATTN_FA3=bc=176 at d = 64 was not refused");
-    cr_assert(strstr(info.why, "is not one of head dim 64's") != NULL, "refusal without the reason: %s", info.why);
-    /* d = 64 without a causal mask runs one query tile a block: a persistent grid is refused */
-    cr_assert_eq(run_fa3(st, &p, "persistent", 3102, &info), ATTN_RUN_REFUSED,
-                 "ATTN_FA3=persistent at d = 64 was not refused");
-    cr_assert(strstr(info.why, "one query tile a block") != NULL, "refusal without the reason: %s", info.why);
-    cr_assert_eq(failures, 0, "08_fa3: %d switch runs failed", failures);
-    cr_assert(ran > 0, "08_fa3 ran nothing");
+    if (!hopper) cr_skip_test("no Hopper stage built");
+    if (!ran) cr_skip_test("the Hopper stages refused every run (not a compute capability 9.0 GPU?)");
+    cr_assert_eq(failures, 0, "%d Hopper stage runs failed", failures);
 }
 
 /* ---- masks: the stages that run them (descriptor masks = 1) -------------------------------- */

@@ -1,50 +1,41 @@
-/* stages/08_fa3/attention.cu: FlashAttention-3's forward (sm_90a).
+/* stages/08_fa3/attention.cu: FlashAttention-3's forward as the paper writes it (sm_90a).
  *
- * Changed from 07_wgmma: the same instructions (TMA, mbarriers, wgmma), FA-3's schedule
- * (arXiv 2407.08608, Algorithms 1 and 2):
+ * Changed from 07_wgmma: the same instructions (TMA, mbarriers, wgmma) and the same grid (one
+ * block per query tile), FA-3's schedule (arXiv 2407.08608, §3.1-3.2, Algorithms 1 and 2):
  * - Warp specialisation: a producer warpgroup gives its registers back (setmaxnreg.dec) and one
  *   of its threads issues every TMA load; the consumer warpgroups take them (setmaxnreg.inc)
- *   and compute. K and V have rings of their own, each stage a `full` mbarrier (the bytes
+ *   and only compute. K and V have rings of their own, each stage a `full` mbarrier (the bytes
  *   landed) and an `empty` one (every consumer warp has finished reading it): no block barrier.
  * - Ping-pong: named barriers pass the turn to issue products from one consumer to the next,
- *   so one warpgroup's softmax runs while another's products run.
+ *   so that one warpgroup's softmax runs while another's products run.
  * - Intra-warpgroup overlap: O += P_{j-1} V_{j-1} is issued with S_j = Q K_jᵀ and waited for
- *   after the softmax of tile j, so the exponentials can run under the warpgroup's own product.
- * - A persistent grid (d = 128; 256 without a causal mask, 64 with one): one block per SM takes
- *   query tiles from an atomic counter, the next Q_i and K_0 loading under the last tile's P V
- *   and epilogue (with two Q_i buffers, not after its S products; O staged in V's ring, at
- *   d = 64 in a tile of its own); causal tiles go longest first over sections of heads whose K
- *   and V fit in L2 (FA-3's LPT).
- * - Masked and unmasked tiles run separate copies of the step; O leaves by a TMA store. At
- *   d = 128 and 256 O is rescaled only when a row's max grows past 2^8 (FA-4's lazy rescale).
- * Switches (for the ablation): ATTN_FA3 = a list of nopingpong, nooverlap, nows (a consumer
- *   thread loads, as in 07), stages=1, nopersistent, bc=N, pingpong, persistent.
+ *   after the softmax of S_j, so the exponentials run under the warpgroup's own product.
+ * Each idea can be built out for the ablation (make ablation; docs/08_fa3.md):
+ *   make build/08_fa3 OFF=ws|pingpong|overlap (a list: OFF=pingpong,overlap).
  * Why: in 07 the tensor cores idle while a warpgroup computes its softmax, and the block waits
- *   at a barrier every tile. Expected: past cuDNN's forward from N = 2048 (docs/08_fa3.md).
- * Tiles: Bc = 128 keys, and FA-3's 176 at d = 128 (from N_k = 8192, causal 16384), 80 at d = 256;
- *   2-stage rings, one block per SM; Br = 128 rows (two consumers, 240 registers a thread) at
- *   d = 128 and 256, 192 (three consumers, 160 registers) at d = 64; the producer keeps 24.
- * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 208 KiB at d = 128 (192 KiB
- *   with 128 keys and two Q_i), 224 KiB at d = 256, 112 KiB with O's tile at d = 64. sm_90a.
+ *   at a barrier every tile. Expected: FA-3's 1.15-1.3x over 07, about cuDNN's forward.
+ * Tiles (the paper's): Br = 128 rows (two consumers, 240 registers a thread) at d = 128 and 256,
+ *   192 (three consumers, 160 registers) at d = 64; Bc = 128 keys, 80 at d = 256; 2-stage rings,
+ *   one block per SM; the producer keeps 24 registers. Ping-pong is off at d = 256, as in FA-3:
+ *   one warpgroup's 128 O registers leave the schedule nothing to gain there.
+ * Memory: nothing beyond L. Shared memory: Q_i + 2 x (K_j + V_j): 160 KiB at d = 128, 224 KiB
+ *   at d = 256, 88 KiB at d = 64. sm_90a.
  *
  * Run: make build/08_fa3 && build/08_fa3 --seqlen 8192 --dim 128 --check --bench
- *      ATTN_FA3=nopingpong,nooverlap build/08_fa3 --seqlen 8192 --dim 128 --bench
  *      make build/08_fa3 TRACE=1 && ATTN_TRACE=t.csv build/08_fa3 --seqlen 8192 --dim 128
  */
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include "attn_device.cuh"
 #include "mma.cuh"
 #include "hopper.cuh"
+#include "trace.cuh"
 
 #define QUAD    4     /* lanes that share a row of an accumulator */
 #define Br(d)   ((d) == 64 ? 192 : 128)   /* query rows per block: a Q_i tile */
-#define BC_MAX  176   /* keys per K_j, V_j tile at most: key_tile() */
+#define Bc(d)   ((d) <= 128 ? 128 : 80)   /* keys per K_j, V_j tile */
 #define CONSUMERS(d) (Br(d) / WG_ROWS)    /* consumer warpgroups, 64 query rows each */
 #define THREADS(d) ((1 + CONSUMERS(d)) * WARPGROUP)   /* and the producer (warpgroup 0) */
 #define STAGES  2     /* K_j (and V_j) buffers in each ring */
-#define RESCALE_LOG2 8.0f   /* lazy rescaling: P_ij stays below 2^8 (consumer_step) */
 /* Registers a thread after setmaxnreg, producer and consumers: 24 x 128 + 240 x 256 and
  * 24 x 128 + 160 x 384 (three consumers) fit the SM's 64 K. Literals: setmaxnreg takes no
  * variable. */
@@ -52,94 +43,43 @@
 #define CONSUMER_REGS_2 240
 #define CONSUMER_REGS_3 160
 #define BAR_TURN 1    /* named barrier BAR_TURN + c: consumer c's turn to issue its products */
-#define BAR_EPI  4    /* BAR_EPI + c: consumer c's O is in shared memory */
-#define BAR_ALL  7    /* every consumer: the tile's last P V products are done, V's ring is free */
 #define MMA_N   8     /* columns of an accumulator tile (the layout is mma.sync's m16n8) */
 #define CHUNK   8     /* 16-bit elements in 16 bytes */
 #define D_MAX   256   /* largest head dim supported */
-
-/* Keys per K_j, V_j tile: 128, and FA-3's 176 at d = 128 and 80 at d = 256, where a wider tile
- * spreads each step's fixed work (row max, rescaling O, the turn, the waits) over more keys.
- * At d = 128 the 176-key tile pays only from WIDE_MIN_N keys (WIDE_CAUSAL_MIN_N with a causal
- * mask, whose diagonal it widens): below, its partial last tile (2048 = 11 x 176 + 112) costs
- * more than it saves (measured: docs/08_fa3.md). A literal in each kernel: bc. */
-#ifndef WIDE_MIN_N
-#define WIDE_MIN_N 8192
+/* The paper's three ideas, each 1 (on) unless the build turns it off (OFF=..., the ablation). */
+#ifndef WS   /* knob: OFF=ws, a consumer thread loads as in 07 */
+#define WS 1
 #endif
-#ifndef WIDE_CAUSAL_MIN_N
-#define WIDE_CAUSAL_MIN_N 16384
+#ifndef PINGPONG   /* knob: OFF=pingpong */
+#define PINGPONG 1
 #endif
-/* The share of L2 (50 MiB on the H200) that one section of the causal order's heads may fill with
- * K and V (tile_of): 16 MiB measured faster than 8 and 32 (docs/08_fa3.md). */
-#define L2_KV_BYTES (16u << 20)
-static __host__ __forceinline__ int key_tile(int d, int causal, int N_k)
-{
-    return d == 128 && N_k >= (causal ? WIDE_CAUSAL_MIN_N : WIDE_MIN_N) ? 176 : d <= 128 ? 128 : 80;
-}
-
-/* The schedule's switches (ATTN_FA3, parsed by the host). */
-typedef struct { int pingpong, overlap, ws, stages, bc, persistent, group; } fa3_opts;
-
-#ifdef TRACE
-/* The pipeline's timeline, built only with `make build/08_fa3 TRACE=1` (without it none of this
- * exists) and recorded when ATTN_TRACE=FILE is set: thread 0 of each warpgroup of the first
- * TRACE_BLOCKS blocks of head 0, batch 0 stamps the SM's clock (clock64: one clock for all the
- * warpgroups of a block) at the events of each step of the block's first tile into the
- * workspace; the host writes them to FILE as CSV (block, warpgroup, step, event, cycles).
- * Consumer events, in order: step begins, tiles landed, turn taken, products issued, S ready,
- * softmax done, P V done; producer: wait for a free stage begins, K issued, V issued. */
-#define TRACE_BLOCKS 2
-#define TRACE_WGS    4     /* the producer and up to 3 consumers */
-#define TRACE_STEPS  64
-#define TRACE_EVENTS 8
-static size_t trace_bytes(void) { return (size_t)TRACE_BLOCKS * TRACE_WGS * TRACE_STEPS * TRACE_EVENTS * 8; }
-static __device__ __forceinline__ void trace(const attn_args *a, int step, int event)
-{
-    if (threadIdx.x % WARPGROUP || blockIdx.x >= TRACE_BLOCKS || blockIdx.y || blockIdx.z ||
-        step >= TRACE_STEPS)
-        return;
-    const int wg = threadIdx.x / WARPGROUP;
-    ((long long *)a->ws)[((blockIdx.x * TRACE_WGS + wg) * TRACE_STEPS + step) * TRACE_EVENTS + event] = clock64();
-}
-#define TRACE_AT(a, t, step, event) trace(a, (t) ? TRACE_STEPS : (step), event)   /* tile t = 0 */
-#else
-#define TRACE_AT(a, t, step, event)
+#ifndef OVERLAP   /* knob: OFF=overlap, the softmax waits for both products */
+#define OVERLAP 1
 #endif
 
-/* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_BUFS x Q_i [Br][d];
- * STAGES x K_j [bc][d]; STAGES x V_j [bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its
- * store: o_place); then the mbarriers: Q's full and empty ones (two of each), O's (its store has
- * read V's ring), and full K, full V, empty K, empty V, STAGES of each; then two ints, the posted
- * query tile. */
-typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot; } fa3_smem;
+/* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_i [Br][d]; STAGES x K_j
+ * [Bc][d]; STAGES x V_j [Bc][d]; then the mbarriers: Q's, and full K, full V, empty K, empty V,
+ * STAGES of each. */
+typedef struct { uint32_t Q, K, V, bar_q, full_k, full_v, empty_k, empty_v; } fa3_smem;
 
-/* Q_i's buffers: two where shared memory has room for a second (d = 128 with 128-key tiles: 192
- * of 227 KiB), so that a walking block's next Q_i loads while its last tile still reads the
- * other; else one, reloaded once the last tile's S products are done. */
-#define Q_BUFS(d, bc) ((d) == 128 && (bc) == 128 ? 2 : 1)
-static __host__ __device__ __forceinline__ size_t smem_bytes(int d, int bc)
+static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
 {
-    return (size_t)((Q_BUFS(d, bc) + (d == 64)) * Br(d) + STAGES * 2 * bc) * d * 2
-           + (5 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
+    return (size_t)(Br(d) + STAGES * 2 * Bc(d)) * d * 2 + (1 + 4 * STAGES) * sizeof(uint64_t);
 }
 
-static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
+static __device__ __forceinline__ fa3_smem smem_layout(int d)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     fa3_smem m;
-    const uint32_t tile = bc * d * 2;
+    const uint32_t tile = Bc(d) * d * 2;
     m.Q = smem_u32(smem);
-    m.K = m.Q + Q_BUFS(d, bc) * Br(d) * d * 2;
+    m.K = m.Q + Br(d) * d * 2;
     m.V = m.K + STAGES * tile;
-    m.O = m.V + STAGES * tile;   /* d = 64: O's own tile (a persistent grid's, o_place) */
-    m.bar_q = m.O + (d == 64 ? Br(d) * d * 2 : 0);
-    m.empty_q = m.bar_q + 16;
-    m.o_free = m.bar_q + 32;
-    m.full_k = m.bar_q + 40;
+    m.bar_q = m.V + STAGES * tile;
+    m.full_k = m.bar_q + 8;
     m.full_v = m.full_k + 8 * STAGES;
     m.empty_k = m.full_v + 8 * STAGES;
     m.empty_v = m.empty_k + 8 * STAGES;
-    m.slot = m.empty_v + 8 * STAGES;   /* [2]: the query tile the producer posted, by parity */
     return m;
 }
 
@@ -170,91 +110,44 @@ static __device__ __forceinline__ uint32_t tile_at(int r, int c, int rows)
     return (c / CHUNK) * rows * BOX_ROW + box_swz(r, c % CHUNK);
 }
 
-/* Tile j's stage in a ring of `stages` (1 or 2) and the parity of that stage's phase for it:
- * selects, not a division by a run-time value (an integer division is ~20 instructions). */
-static __device__ __forceinline__ int ring_stage(int j, int stages)
-{
-    return stages == 1 ? 0 : j & 1;
-}
-
-static __device__ __forceinline__ uint32_t ring_parity(int j, int stages)
-{
-    return (stages == 1 ? j : j >> 1) & 1;
-}
-
-/* ring_stage and ring_parity of K_j (count n: stage st, parity ph) and V_{j-1}'s stage pv, in
- * one go for a step: with sh = S != 1, S = 2, n = 2k gives V_{j-1} stage 1 and parity
- * (k - 1) & 1 = ph ^ 1, n = 2k + 1 stage 0 and parity k & 1 = ph; S = 1 gives stage 0 and
- * parity (n - 1) & 1 = ph ^ 1. So V_{j-1}'s parity is ph ^ st ^ 1 in every case. */
-static __device__ __forceinline__ void ring_pair(int n, int S, int *st, int *pv, int *ph)
-{
-    const int sh = S != 1;
-    *st = n & sh;
-    *pv = *st ^ sh;
-    *ph = (sh ? n >> 1 : n) & 1;
-}
-
-/* The producer's two steps for tile j (keys j0 .. j0+bc-1 of kv head h_kv), the ring's n-th
- * (n counts on across a block's query tiles): wait until every consumer warp has released the
- * ring stage tile n uses (its empty barrier's previous phase; the first lap passes at once), arm
- * the stage's full barrier with the tile's bytes and issue one TMA load per 64-column box. One
- * thread. */
+/* The producer's two steps for tile j of a ring (keys j * Bc .. of kv head h_kv): wait until
+ * every consumer warp has released the stage tile j uses (its empty barrier's previous phase;
+ * the first lap passes at once), arm the stage's full barrier with the tile's bytes and issue
+ * one TMA load per 64-column box. One thread. */
 static __device__ __forceinline__ void load_tile(uint32_t ring, uint32_t full, uint32_t empty,
                                                  const CUtensorMap *map, int b, int h_kv, int j,
-                                                 int n, int d, int bc, int stages)
+                                                 int d)
 {
-    const int tile_bytes = bc * d * 2, s = ring_stage(n, stages);
-    mbar_wait(empty + 8 * s, ring_parity(n, stages) ^ 1);
+    const int bc = Bc(d), tile_bytes = bc * d * 2, s = j % STAGES;
+    mbar_wait(empty + 8 * s, (j / STAGES & 1) ^ 1);
     mbar_arrive_expect_tx(full + 8 * s, tile_bytes);
     for (int c = 0; c < d / BOX_COLS; c++)
         tma_load_4d(ring + s * tile_bytes + c * bc * BOX_ROW, map, c * BOX_COLS, j * bc, h_kv, b,
                     full + 8 * s);
 }
 
-/* Epilogue: a warp puts its accumulators, rounded in pairs, into its own rows of an O_i tile laid
- * out as Q_i's, `at` bytes into shared memory (row r, columns col, col + 1), in the swizzled
- * layout the TMA store reads. */
-static __device__ __forceinline__ void put_pair(uint32_t at, int r, int col, uint32_t v, int rows)
+/* Epilogue, 16 bytes a store: a warp puts its accumulators, rounded in pairs, into its own rows
+ * of the Q_i tile (put_pair: row r, columns col, col + 1), then copies rows r0 .. r0+rows-1
+ * to rows n0 + r of head h of x ([B, N, heads, d]) (store_rows); rows past N are not written.
+ * Only the warp's own rows are read back, so __syncwarp() between the two is enough. */
+static __device__ __forceinline__ void put_pair(int r, int col, uint32_t v, int d)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    *(uint32_t *)(smem + at + tile_at(r, col / CHUNK, rows) + col % CHUNK * 2) = v;
+    *(uint32_t *)(smem + tile_at(r, col / CHUNK, Br(d)) + col % CHUNK * 2) = v;
 }
 
-/* The query tile u of the grid's order: rows i0 .., head h, batch b. Row tiles fastest, as FA-3
- * orders them. Causal tiles longest first (last row first), and across the G heads of a section
- * (FA-3's LPT order): the section's last row tiles, then the ones before, ...; G heads' K and V
- * fit in a share of L2 (parse_opts), so the blocks running at once read the same keys. A block
- * that walks tiles counts them in a 1-D grid; one that has one is the block (it, h, b) of a 3-D
- * grid (d = 64, causal order within a head), whose indices ptxas can read again where needed
- * rather than keep in registers (3% at d = 64). */
-static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int u, int d, int walk,
-                                               int *b, int *h, int *i0)
+static __device__ __forceinline__ void store_rows(void *x, int r0, int rows, int b, int n0,
+                                                  int N, int h, int heads, int d)
 {
-    const int n_i = (p.N_q + Br(d) - 1) / Br(d);
-    if (p.causal && walk) {
-        const int sec = u / (G * n_i), heads = min(G, p.H * p.B - sec * G), r = u - sec * G * n_i;
-        const int hb = sec * G + r % heads;   /* head and batch, h fastest */
-        *h = hb % p.H;
-        *b = hb / p.H;
-        *i0 = (n_i - 1 - r / heads) * Br(d);
-        return;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int lane = threadIdx.x % WARP, chunks = d / CHUNK;
+#pragma unroll
+    for (int it = 0; it < rows * chunks / WARP; it++) {
+        const int e = it * WARP + lane, r = r0 + e / chunks, c = e % chunks;
+        if (n0 + r < N)
+            *(uint4 *)((uint16_t *)x + attn_row(b, n0 + r, h, N, heads, d) + c * CHUNK) =
+                *(const uint4 *)(smem + tile_at(r, c, Br(d)));
     }
-    const int it = walk ? u % n_i : (int)blockIdx.x;
-    *h = walk ? u / n_i % p.H : (int)blockIdx.y;
-    *b = walk ? u / n_i / p.H : (int)blockIdx.z;
-    *i0 = (p.causal ? n_i - 1 - it : it) * Br(d);
-}
-
-/* Where a tile's O waits for its store, laid out as Q_i's tile. With one tile a block, in Q_i's
- * tile (a consumer's rows once its own S products are done). A block that walks tiles loads the
- * next Q_i meanwhile: at d = 128 O takes the V stage of ring count n_o, the tile before the
- * last (the last, with one stage), once every consumer warp has released it; at d = 256 O needs
- * both stages, after the consumers meet (BAR_ALL); at d = 64 its 192 rows outgrow a stage, and
- * take a tile of their own, free once the warpgroup's last store has read it. */
-static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, int walk, int n_o, int S,
-                                                   const int d, const int bc)
-{
-    return !walk ? sm.Q : d == 64 ? sm.O : d == 256 ? sm.V : sm.V + ring_stage(n_o, S) * bc * d * 2;
 }
 
 /* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
@@ -276,47 +169,42 @@ static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, in
 typedef struct {
     const attn_problem *p;
     const attn_args *a;
-    const fa3_opts *f;
     const CUtensorMap *tmK, *tmV;
-    int cw, b, h_kv, Tc, row0, row, loader;
+    int cw, b, h_kv, Tc, row0, row, loader, pingpong;
     uint64_t dQ, dK, dV;   /* wgmma descriptors of Q (this consumer's rows), K and V stage 0 */
-    int t, n0;   /* the block's t-th query tile; the rings' count at its K_0, V_0 */
 } consumer;
 
 /* Step j of a consumer's loop: in its turn, issue S_j = Q_i K_jᵀ (has_s: j < Tc) and
  * O += P_{j-1} V_{j-1} (has_pv: j > 0); then the softmax of S_j, while the second product runs
- * (overlap) or after it; then rescale O and pack P_j for the next step. has_s, has_pv, masked,
- * overlap, d and fp16 are literals at each call: no wgmma sits behind a run-time branch (ptxas
- * would serialise them all, C7520), and no branch lies between the PV product and its wait
- * (ptxas puts the wait before the first branch it meets, so a run-time "if (tile needs a
- * mask)" there would leave nothing to overlap): tiles that need a mask run a copy of the step
- * with it, the others a copy without. In the accumulators, warp w of the warpgroup and lane l
- * hold rows 16w + l/4 and 16w + l/4 + 8, columns 8n + 2(l%4) + {0, 1} of every 8-column tile n,
- * as in 07. */
+ * (OVERLAP) or after it; then rescale O and pack P_j for the next step. has_s, has_pv, masked,
+ * d and fp16 are literals at each call: no wgmma sits behind a run-time branch (ptxas would
+ * serialise them all, C7520), and no branch lies between the PV product and its wait (ptxas
+ * puts the wait before the first branch it meets, so a run-time "if (tile needs a mask)" there
+ * would leave nothing to overlap): tiles that need a mask run a copy of the step with it, the
+ * others a copy without. In the accumulators, warp w of the warpgroup and lane l hold rows
+ * 16w + l/4 and 16w + l/4 + 8, columns 8n + 2(l%4) + {0, 1} of every 8-column tile n, as in 07. */
 static __device__ __forceinline__ void consumer_step(const consumer *c, int j, float s[][4],
                                                      float o[][4], uint32_t pa[][4], float m[2],
                                                      float l[2], const int has_s, const int has_pv,
-                                                     const int masked, const int overlap,
-                                                     const int d, const int bc, const int fp16)
+                                                     const int masked, const int d, const int fp16)
 {
     const attn_problem p = *c->p;
-    const fa3_smem sm = smem_layout(d, bc);   /* constants: the offsets of a fixed layout */
-    const int tile_bytes = bc * d * 2, S = c->f->stages, lane = threadIdx.x % WARP;
-    const int n = c->n0 + j;   /* K_j's place in the rings' count */
-    int st, pv, ph;   /* K_j's stage and parity, V_{j-1}'s stage (its parity: ph ^ st ^ 1) */
-    ring_pair(n, S, &st, &pv, &ph);
-    const int j0 = j * bc;
-    TRACE_AT(c->a, c->t, j, 0);
-    if (c->loader && j + S - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
-        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
+    const fa3_smem sm = smem_layout(d);   /* constants: the offsets of a fixed layout */
+    const int bc = Bc(d), tile_bytes = bc * d * 2, lane = threadIdx.x % WARP;
+    const int st = j % STAGES, ph = j / STAGES & 1;   /* K_j's stage and its phase's parity */
+    const int pv = (j - 1) % STAGES, ph_v = (j - 1) / STAGES & 1;   /* V_{j-1}'s (j > 0) */
+    const float scale_log2 = p.scale * LOG2E;
+    TRACE_AT(c->a, 0, j, 0);
+    if (c->loader && j + STAGES - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
+        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + STAGES - 1, d);
     /* Both tiles have landed before the first wgmma: a wait loop between two wgmmas would be a
      * divergent path there. */
     if (has_s) mbar_wait(sm.full_k + 8 * st, ph);
-    if (has_pv) mbar_wait(sm.full_v + 8 * pv, ph ^ st ^ 1);
-    TRACE_AT(c->a, c->t, j, 1);
+    if (has_pv) mbar_wait(sm.full_v + 8 * pv, ph_v);
+    TRACE_AT(c->a, 0, j, 1);
 
-    if (c->f->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
-    TRACE_AT(c->a, c->t, j, 2);
+    if (c->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
+    TRACE_AT(c->a, 0, j, 2);
     wgmma_fence();
     if (has_s) {   /* S_j = Q_i K_jᵀ: the first group */
         /* Built once at the consumer's start, except at d = 256 (there the kept descriptors
@@ -328,15 +216,12 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
             const int box = k * WGMMA_K / BOX_COLS, in_box = k * WGMMA_K % BOX_COLS * 2;
             const uint64_t a_k = wgmma_desc_add(dQ, box * Br(d) * BOX_ROW + in_box);
             const uint64_t b_k = wgmma_desc_add(dK, box * bc * BOX_ROW + in_box);
-            if (bc == 176)      wgmma_ss_n176(&s[0][0], a_k, b_k, k > 0, fp16);
             /* The 80-key tile's first k-step declares S written only: S of the last step is
              * then dead once packed into P, which frees the registers this tile needs (with
-             * the read-write form the kernel spills; elsewhere the form only moved the
-             * schedule, d = 64 causal 2% slower: docs/08_fa3.md). */
-            else if (bc == 80 && k == 0) wgmma_ss_first_n80(&s[0][0], a_k, b_k, fp16);
-            else if (bc == 80)  wgmma_ss_n80(&s[0][0], a_k, b_k, 1, fp16);
-            else if (bc == 128) wgmma_ss_n128(&s[0][0], a_k, b_k, k > 0, fp16);
-            else                wgmma_ss_n64(&s[0][0], a_k, b_k, k > 0, fp16);
+             * the read-write form the kernel spills). */
+            if (bc == 80 && k == 0) wgmma_ss_first_n80(&s[0][0], a_k, b_k, fp16);
+            else if (bc == 80)      wgmma_ss_n80(&s[0][0], a_k, b_k, 1, fp16);
+            else                    wgmma_ss_n128(&s[0][0], a_k, b_k, k > 0, fp16);
         }
         wgmma_commit();
     }
@@ -351,83 +236,59 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         }
         wgmma_commit();
     }
-    if (c->f->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
-    TRACE_AT(c->a, c->t, j, 3);
+    if (c->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
+    TRACE_AT(c->a, 0, j, 3);
 
-    /* Lazy rescaling (FlashAttention-4's, at d = 128 and 256): the reference max m of a row
-     * moves only when the tile's max passes it by more than RESCALE_LOG2, so after the first
-     * tiles O is seldom rescaled and a warp skips the d / 2 products when none of its rows
-     * moved. Exact: O, l and L = m + log2 l all refer to the same m. At d = 64 the vote costs
-     * more than the products it saves (docs/08_fa3.md). */
-    const int lazy = d >= 128;
-    int rescale = 0;
-    float alpha[2], m_old[2], l_tile[2];
+    float alpha[2], l_tile[2];
     if (has_s) {
         /* S_j is final once at most the PV group is still in flight (overlap), or none. */
-        if (has_pv && overlap) wgmma_wait_1();
+        if (has_pv && OVERLAP) wgmma_wait_1();
         else                   wgmma_wait_0();
         wgmma_hold(&s[0][0], bc / 2);
-        TRACE_AT(c->a, c->t, j, 4);
+        TRACE_AT(c->a, 0, j, 4);
         if (lane == 0) mbar_arrive(sm.empty_k + 8 * st);   /* this warp is done with K_j */
-        if (masked) mask_scores(s, bc / MMA_N, c->row, j0 + 2 * (lane % QUAD), p.N_k, p.causal);
+        if (masked) mask_scores(s, bc / MMA_N, c->row, j * bc + 2 * (lane % QUAD), p.N_k, p.causal);
 
-        /* Online softmax in the log2 domain, as in 06 and 07. */
+        /* Online softmax in the log2 domain, as in 06 and 07: m holds max(S) * scale * log2(e). */
         float m_use[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            float mx = fmaxf(s[0][2 * r], s[0][2 * r + 1]);
+            float mx = -INFINITY;
 #pragma unroll
-            for (int n = 1; n < bc / MMA_N; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-            const float m_new = fmaxf(m[r], row_max(mx) * (p.scale * LOG2E));
-            /* Only a masked step can leave a row with no key (m = -inf); the lazy path's alpha
-             * and l wait for the warp's (rare) rescale branch below. */
-            m_old[r] = m[r];
-            if (!lazy || m_new > m[r] + RESCALE_LOG2) {   /* m is the running max */
-                m[r] = m_new;
-                rescale = 1;
-            }   /* else lazy: m stays, P_ij <= 2^RESCALE_LOG2, O and l as they are */
-            m_use[r] = masked && m[r] == -INFINITY ? 0.0f : m[r];
-            if (!lazy) alpha[r] = exp2_fast(m_old[r] - m_use[r]);
+            for (int n = 0; n < bc / MMA_N; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            const float m_new = fmaxf(m[r], row_max(mx) * scale_log2);
+            /* Only a masked step can leave a row with no key (m = -inf): subtract 0 instead, so
+             * that exp2 gives 0 rather than exp2(-inf - -inf) = NaN. */
+            m_use[r] = masked && m_new == -INFINITY ? 0.0f : m_new;
+            alpha[r] = exp2_fast(m[r] - m_use[r]);   /* 0 on the first tile, 1 if m is unchanged */
+            m[r] = m_new;
+            l_tile[r] = 0.0f;
         }
-        if (lazy) rescale = __any_sync(0xffffffffu, rescale);
 #pragma unroll
         for (int n = 0; n < bc / MMA_N; n++)
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                s[n][k] = exp2_fast(fmaf(s[n][k], (p.scale * LOG2E), -m_use[k / 2]));   /* P_ij */
-                /* l_tile starts at the row's first P (k = 0: row 0, k = 2: row 1), not at 0 */
-                l_tile[k / 2] = n == 0 && k % 2 == 0 ? s[n][k] : l_tile[k / 2] + s[n][k];
+                s[n][k] = exp2_fast(fmaf(s[n][k], scale_log2, -m_use[k / 2]));   /* P_ij */
+                l_tile[k / 2] += s[n][k];
             }
-        if (!lazy)
 #pragma unroll
-            for (int r = 0; r < 2; r++) l[r] = alpha[r] * l[r] + l_tile[r];
-        TRACE_AT(c->a, c->t, j, 5);
+        for (int r = 0; r < 2; r++) l[r] = alpha[r] * l[r] + l_tile[r];
+        TRACE_AT(c->a, 0, j, 5);
     }
     if (has_pv) {
         /* O_{j-1} is final: V_{j-1}'s stage can be refilled, and O rescaled for tile j. */
         wgmma_wait_0();
         wgmma_hold(&o[0][0], d / 2);
-        TRACE_AT(c->a, c->t, j, 6);
+        TRACE_AT(c->a, 0, j, 6);
         if (lane == 0) mbar_arrive(sm.empty_v + 8 * pv);
     }
-    if (c->loader && j + S - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
-        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + S - 1, n + S - 1, d, bc, S);
+    if (c->loader && j + STAGES - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
+        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + STAGES - 1, d);
     if (has_s) {
-        if (rescale) {   /* some row of the warp moved its max */
-            if (lazy)   /* a row that kept its max keeps O and l (alpha exactly 1, as before) */
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    alpha[r] = m[r] == m_old[r] ? 1.0f : exp2_fast(m_old[r] - m[r]);   /* moved: m finite */
-                    l[r] = alpha[r] * l[r] + l_tile[r];
-                }
-#pragma unroll
-            for (int n = 0; n < d / MMA_N; n++) {
-                o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
-            }
-        } else if (lazy) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) l[r] += l_tile[r];
+        for (int n = 0; n < d / MMA_N; n++) {
+            o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
         }
 #pragma unroll
         for (int k = 0; k < bc / 16; k++) {
@@ -442,144 +303,92 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
 /* Step j of a consumer whose 64 rows all lie past N_q (in a head's last query tile when N_q is
  * not a multiple of Br): no products, only its part in the turns and in the rings' releases,
  * each release after its tile has landed, so that it counts toward that tile's phase. */
-static __device__ __forceinline__ void pass_step(const consumer *c, int j, const int d, const int bc)
+static __device__ __forceinline__ void pass_step(const consumer *c, int j, const int d)
 {
-    const fa3_smem sm = smem_layout(d, bc);
-    const int S = c->f->stages, lane = threadIdx.x % WARP, n = c->n0 + j;
-    int st, pv, ph;
-    ring_pair(n, S, &st, &pv, &ph);
-    if (j < c->Tc) mbar_wait(sm.full_k + 8 * st, ph);
-    if (j > 0) mbar_wait(sm.full_v + 8 * pv, ph ^ st ^ 1);
-    if (c->f->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
-    if (c->f->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
-    if (j < c->Tc && lane == 0) mbar_arrive(sm.empty_k + 8 * st);
-    if (j > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * pv);
+    const fa3_smem sm = smem_layout(d);
+    const int lane = threadIdx.x % WARP;
+    if (j < c->Tc) mbar_wait(sm.full_k + 8 * (j % STAGES), j / STAGES & 1);
+    if (j > 0) mbar_wait(sm.full_v + 8 * ((j - 1) % STAGES), (j - 1) / STAGES & 1);
+    if (c->pingpong) bar_sync(BAR_TURN + c->cw, 2 * WARPGROUP);
+    if (c->pingpong) bar_arrive(BAR_TURN + (c->cw + 1) % CONSUMERS(d), 2 * WARPGROUP);
+    if (j < c->Tc && lane == 0) mbar_arrive(sm.empty_k + 8 * (j % STAGES));
+    if (j > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * ((j - 1) % STAGES));
 }
 
-/* The query tile a block of a persistent grid takes after tile u: from the counter at the start
- * of the workspace, which hands them out in tile_of's order to whichever block asks first (a
- * dynamic scheduler: causal tiles differ in length). */
-static __device__ __forceinline__ int next_tile_of(const attn_args a, int u)
-{
-#ifndef TRACE
-    (void)u;
-    return atomicAdd((int *)a.ws, 1) + (int)gridDim.x;
-#else
-    return u + (int)gridDim.x;   /* the instrumented build: the static order */
-#endif
-}
-
-/* The producer posts the block's t-th query tile (n_tiles: none left) in slot[t & 1] before it
- * arms Q's barrier for it; a consumer reads it once that phase is complete. Q_i's buffers are a
- * ring of Q_BUFS stages: tile t's is ring_stage(t, Q_BUFS), its barriers' ring_parity(t, Q_BUFS). */
-static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int u)
-{
-    extern __shared__ __align__(1024) unsigned char smem[];
-    ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1] = u;
-}
-
-static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t, const int d, const int bc)
-{
-    extern __shared__ __align__(1024) unsigned char smem[];
-    mbar_wait(sm.bar_q + 8 * ring_stage(t, Q_BUFS(d, bc)), ring_parity(t, Q_BUFS(d, bc)));
-    return ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1];
-}
-
-/* A consumer warpgroup: rows cw * 64 .. of each of the block's query tiles (its one, or those
- * the producer posts). Per tile, step 0 has only S_0, the steps 1 .. Tc-1 both products,
- * step Tc only the last PV; then the epilogue, while the producer loads the next K_0 (and the
- * next Q_i, unless it is already in Q's other buffer). */
+/* A consumer warpgroup: rows cw * 64 .. of the block's query tile. Step 0 has only S_0, the
+ * steps 1 .. Tc-1 both products, step Tc only the last PV; then the epilogue, as in 07. */
 static __device__ __forceinline__ void consume(const attn_problem p, const attn_args a,
-                                               const fa3_opts f, const fa3_smem sm,
-                                               const CUtensorMap *tmQ, const CUtensorMap *tmK,
-                                               const CUtensorMap *tmV, const CUtensorMap *tmO,
-                                               int cw, int n_tiles, const int walk, const int counted,
-                                               const int overlap, const int d, const int bc,
+                                               const fa3_smem sm, const CUtensorMap *tmQ,
+                                               const CUtensorMap *tmK, const CUtensorMap *tmV,
+                                               int cw, int b, int h, int i0, const int d,
                                                const int fp16)
 {
     const int warp = threadIdx.x / WARP % 4, lane = threadIdx.x % WARP;
     consumer c;
-    c.p = &p; c.a = &a; c.f = &f; c.tmK = tmK; c.tmV = tmV;
+    c.p = &p; c.a = &a; c.tmK = tmK; c.tmV = tmV;
     c.cw = cw;
+    c.b = b;
+    c.h_kv = h / (p.H / p.H_kv);
+    c.Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
+    c.row0 = i0 + cw * WG_ROWS;
+    c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
+    c.pingpong = PINGPONG && d <= 128;
     if (d != 256) {
         /* The step's descriptors, built once; the low word (the address) broadcast from lane 0,
          * so that ptxas knows it is one value across the warp and keeps it in a uniform register;
          * the high word (stride, swizzle) is a constant. */
         const uint64_t q = wgmma_desc(sm.Q + cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM);
         const uint64_t k = wgmma_desc(sm.K, 16, SWIZZLE_ATOM);
-        const uint64_t v = wgmma_desc(sm.V, bc * BOX_ROW, SWIZZLE_ATOM);
+        const uint64_t v = wgmma_desc(sm.V, Bc(d) * BOX_ROW, SWIZZLE_ATOM);
         c.dQ = (q >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)q, 0);
         c.dK = (k >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)k, 0);
         c.dV = (v >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)v, 0);
     }
-    /* Without warp specialisation the first consumer thread is the loader, as in 07 (a block
-     * then has one tile). */
-    c.loader = !f.ws && threadIdx.x == WARPGROUP;
+    /* Without warp specialisation (OFF=ws) the first consumer thread is the loader, as in 07. */
+    c.loader = !WS && threadIdx.x == WARPGROUP;
     /* Ping-pong: the last consumer hands consumer 0 its first turn; the turn then goes round,
-     * 0, 1, (2,) 0, ..., from one tile into the next. */
-    if (f.pingpong && cw == CONSUMERS(d) - 1) bar_arrive(BAR_TURN + 0, 2 * WARPGROUP);
-    c.n0 = 0;
-    c.t = 0;
-    /* A block of a persistent grid takes its tiles from the producer; one of a tile a block has
-     * blockIdx.x (1-D) or the block's indices (3-D, tile_of). */
-    const uint64_t dQ = c.dQ;   /* Q's first buffer */
-    for (int u = counted ? posted_tile(sm, 0, d, bc) : walk ? blockIdx.x : 0; u < n_tiles;
-         u = counted ? posted_tile(sm, c.t + 1, d, bc) : n_tiles, c.t++) {
-        const int qs = ring_stage(c.t, Q_BUFS(d, bc));   /* this tile's Q_i buffer */
-        if (d != 256) c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d * 2);
-        int h, i0;
-        tile_of(p, f.group, u, d, walk, &c.b, &h, &i0);
-        c.h_kv = h / (p.H / p.H_kv);
-        c.Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
-        c.row0 = i0 + cw * WG_ROWS;
-        c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
-        if (c.loader) {
-            mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
-            for (int k = 0; k < d / BOX_COLS; k++)
-                tma_load_4d(sm.Q + k * Br(d) * BOX_ROW, tmQ, k * BOX_COLS, i0, h, c.b, sm.bar_q);
-            for (int j = 0; j < f.stages - 1 && j < c.Tc; j++) {
-                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, c.b, c.h_kv, j, c.n0 + j, d, bc, f.stages);
-                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, c.b, c.h_kv, j, c.n0 + j, d, bc, f.stages);
-            }
+     * 0, 1, (2,) 0, ... */
+    if (c.pingpong && cw == CONSUMERS(d) - 1) bar_arrive(BAR_TURN + 0, 2 * WARPGROUP);
+    if (c.loader) {
+        mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
+        for (int k = 0; k < d / BOX_COLS; k++)
+            tma_load_4d(sm.Q + k * Br(d) * BOX_ROW, tmQ, k * BOX_COLS, i0, h, b, sm.bar_q);
+        for (int j = 0; j < STAGES - 1 && j < c.Tc; j++) {
+            load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, c.h_kv, j, d);
+            load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, c.h_kv, j, d);
         }
+    }
 
-        float o[D_MAX / MMA_N][4];
-        float m[2], l[2];   /* running max (log2 domain) and this lane's part of the sum */
+    float o[D_MAX / MMA_N][4];
+    float m[2], l[2];   /* running max (log2 domain) and this lane's part of the sum */
 #pragma unroll
-        for (int r = 0; r < 2; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
+    for (int r = 0; r < 2; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
 #pragma unroll
-        for (int n = 0; n < D_MAX / MMA_N; n++)
+    for (int n = 0; n < D_MAX / MMA_N; n++)
 #pragma unroll
-            for (int k = 0; k < 4; k++) o[n][k] = 0.0f;
-        float s[BC_MAX / MMA_N][4];
-        uint32_t pa[BC_MAX / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
-        mbar_wait(sm.bar_q + 8 * qs, ring_parity(c.t, Q_BUFS(d, bc)));
+        for (int k = 0; k < 4; k++) o[n][k] = 0.0f;
+    float s[128 / MMA_N][4];
+    uint32_t pa[128 / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
+    mbar_wait(sm.bar_q, 0);
 
-        /* Tiles 0 .. n_full-1 need no mask: every key inside N_k and, when causal, at or before
-         * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
-         * past N_k) take the masked copy of the step. */
-        const int Tc = c.Tc, n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / bc);
-        if (c.row0 >= p.N_q) {   /* no row of this warpgroup exists: its O is clipped by the store */
-            for (int j = 0; j < Tc; j++) pass_step(&c, j, d, bc);
-        } else {
-            if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, overlap, d, bc, fp16);
-            else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, overlap, d, bc, fp16);
-            for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, overlap, d, bc, fp16);
-            for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, overlap, d, bc, fp16);
-        }
-        /* Every S product of this tile is complete: the producer may load the next Q_i. */
-        if (lane == 0) mbar_arrive(sm.empty_q + 8 * qs);
-        if (c.row0 >= p.N_q) pass_step(&c, Tc, d, bc);
-        else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, overlap, d, bc, fp16);
+    /* Tiles 0 .. n_full-1 need no mask: every key inside N_k and, when causal, at or before
+     * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
+     * past N_k) take the masked copy of the step. */
+    const int Tc = c.Tc, n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / Bc(d));
+    if (c.row0 >= p.N_q) {   /* no row of this warpgroup exists */
+        for (int j = 0; j <= Tc; j++) pass_step(&c, j, d);
+    } else {
+        if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, d, fp16);
+        else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, d, fp16);
+        for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, fp16);
+        for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, fp16);
+        consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, fp16);
 
-        /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i is staged in shared memory (o_place;
-         * in V's ring as FA-3 does, when the block walks tiles), then leaves by one TMA store per
-         * 64-column box; rows past N_q are clipped by the tensor map. */
-        const int n_o = c.n0 + Tc - f.stages;
-        const uint32_t o_tile = o_place(sm, walk, n_o, f.stages, d, bc);
-        if (walk && d == 256) bar_sync(BAR_ALL, CONSUMERS(d) * WARPGROUP);
-        else if (walk && d == 64) bar_sync(BAR_EPI + cw, WARPGROUP);   /* the last store has read O */
-        else if (walk) mbar_wait(sm.empty_v + 8 * ring_stage(n_o, f.stages), ring_parity(n_o, f.stages));
+        /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2, written once. Every real row sees
+         * key 0, so l_i >= 1 and L_i is finite; rows past N_q are not stored. O_i goes out
+         * through this warp's rows of the Q_i tile: their last reader, this warpgroup's last
+         * S product, is complete, and no other warp reads them. */
+        const int r_warp = cw * WG_ROWS + warp * 16;   /* the warp's first row in the tile */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float l_row = row_sum(l[r]);
@@ -587,67 +396,41 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
             const float inv_l = 1.0f / l_row;
 #pragma unroll
             for (int n = 0; n < d / MMA_N; n++)
-                put_pair(o_tile - sm.Q, i - i0, n * MMA_N + 2 * (lane % QUAD),
-                         pack_x2(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l, fp16), Br(d));
+                put_pair(i - i0, n * MMA_N + 2 * (lane % QUAD),
+                         pack_x2(o[n][2 * r] * inv_l, o[n][2 * r + 1] * inv_l, fp16), d);
             if (lane % QUAD == 0 && i < p.N_q)
-                a.lse[((size_t)c.b * p.H + h) * p.N_q + i] = (m[r] + log2f(l_row)) * LN2;
+                a.lse[((size_t)b * p.H + h) * p.N_q + i] = (m[r] + log2f(l_row)) * LN2;
         }
-        fence_proxy_async();   /* generic writes of O, read next by the TMA store (async proxy) */
-        bar_sync(BAR_EPI + cw, WARPGROUP);
-        if (threadIdx.x % WARPGROUP == 0) {
-            for (int k = 0; k < d / BOX_COLS; k++)
-                tma_store_4d(tmO, o_tile + k * Br(d) * BOX_ROW + cw * WG_ROWS * BOX_ROW, k * BOX_COLS,
-                             c.row0, h, c.b);
-            bulk_commit();
-            bulk_wait_read_0();   /* the shared memory must keep O until the store has read it */
-            mbar_arrive(sm.o_free);
-        }
-        c.n0 += Tc;
+        __syncwarp();
+        store_rows(a.o, r_warp, 16, b, i0, p.N_q, h, p.H, d);
     }
     /* The last consumer's last arrive on consumer 0's barrier has no turn left to open: take
      * it, so that every named barrier ends as it started. */
-    if (f.pingpong && cw == 0) bar_sync(BAR_TURN + 0, 2 * WARPGROUP);
+    if (c.pingpong && cw == 0) bar_sync(BAR_TURN + 0, 2 * WARPGROUP);
 }
 
-/* One block: warpgroup 0 produces, the others (2, or 3 at d = 64) consume, for query tiles of
- * the n_tiles in tile_of's order: one tile a block, or (persistent) one block per SM taking
- * blockIdx.x and then what the counter hands it, each tile's loads issued under the last one's
- * epilogue. d, bc and fp16 are literals at each call site. */
-static __device__ __forceinline__ void tiled_attention(attn_problem p, const attn_args a,
-                                                       fa3_opts f, const CUtensorMap *tmQ,
+/* One block: query tile i0 .. i0+Br-1 of head h, batch b. Warpgroup 0 produces, the others
+ * (2, or 3 at d = 64) consume. d and fp16 are literals at each call site. */
+static __device__ __forceinline__ void tiled_attention(const attn_problem p, const attn_args a,
+                                                       const CUtensorMap *tmQ,
                                                        const CUtensorMap *tmK,
-                                                       const CUtensorMap *tmV,
-                                                       const CUtensorMap *tmO, const int overlap,
-                                                       const int ws, const int causal, const int d,
-                                                       const int bc, const int fp16)
+                                                       const CUtensorMap *tmV, const int d,
+                                                       const int fp16)
 {
-    if (causal >= 0) p.causal = causal;   /* a literal in the wide kernels (else ptxas spills) */
-    /* A literal: with the consumer's loads of `nows` in the step, even never taken, ptxas keeps
-     * the step's counters, addresses and descriptors in vector registers (3.5-4.5% slower). */
-    f.ws = ws;
-    const fa3_smem sm = smem_layout(d, bc);
+    const fa3_smem sm = smem_layout(d);
     /* The warpgroup, broadcast from lane 0: ptxas then knows it is one value across the warp and
      * keeps what follows from it (Q_i's descriptors, the first row, the loop bounds) in uniform
-     * registers, off the vector pipes (8% faster at d = 256: docs/08_fa3.md). */
+     * registers, off the vector pipes. */
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
-    /* Whether a block walks tiles of a 1-D grid (which may be persistent), or has one: at d = 64
-     * the tile loop costs the three consumers' 160 registers 3-5% (docs/08_fa3.md), which only
-     * the causal kernels (causal 1) pay. A persistent grid (fewer blocks than tiles) takes them
-     * from the counter. */
-    const int walk = d != 64 || causal == 1;
-    const int n_tiles = walk ? (p.N_q + Br(d) - 1) / Br(d) * p.H * p.B : 1;
-    const int counted = walk && (int)gridDim.x < n_tiles;
+    const int b = blockIdx.z, h = blockIdx.y;
+    /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail. */
+    const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br(d);
 
     /* The barriers: Q's full one and the rings' full ones complete on one arrive plus the bytes;
-     * Q's empty one and the rings' empty ones on one arrive per consumer warp; O's on one per
-     * consumer warpgroup (its store has read V's ring). */
+     * the rings' empty ones on one arrive per consumer warp. */
     if (threadIdx.x == 0) {
         if (sm.Q % SWIZZLE_ATOM) hopper_fail();   /* the swizzled boxes need 1024-byte alignment */
-        for (int q = 0; q < 2; q++) {
-            mbar_init(sm.bar_q + 8 * q, 1);
-            mbar_init(sm.empty_q + 8 * q, CONSUMERS(d) * 4);
-        }
-        mbar_init(sm.o_free, CONSUMERS(d));
+        mbar_init(sm.bar_q, 1);
         for (int s = 0; s < STAGES; s++) {
             mbar_init(sm.full_k + 8 * s, 1);
             mbar_init(sm.full_v + 8 * s, 1);
@@ -660,162 +443,50 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
 
     if (wg == 0) {
         SETMAXNREG_DEC(PRODUCER_REGS);
-        if (f.ws && threadIdx.x == 0) {
-            /* K_j, then V_j. With the wide tile K_{j+1}, then V_j: FA-3's order, V one tile
-             * behind K (faster there, slower with the other tiles: docs/08_fa3.md). */
-            const int k_ahead = bc == BC_MAX;
-            int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
-            int u = walk ? blockIdx.x : 0, t = 0;
-            for (; u < n_tiles; t++) {
-                int b, h, i0;
-                tile_of(p, f.group, u, d, walk, &b, &h, &i0);
-                const int h_kv = h / (p.H / p.H_kv);
-                const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
-                /* Q_i once the consumers' S products of the tile before that used its buffer
-                 * are complete: the last tile (one buffer), or the one before it (two). */
-                const int qs = ring_stage(t, Q_BUFS(d, bc));
-                const uint32_t Qt = sm.Q + qs * Br(d) * d * 2, full_q = sm.bar_q + 8 * qs;
-                mbar_wait(sm.empty_q + 8 * qs, ring_parity(t, Q_BUFS(d, bc)) ^ 1);
-                if (counted) post_tile(sm, t, u);
-                mbar_arrive_expect_tx(full_q, Br(d) * d * 2);
-                for (int c = 0; c < d / BOX_COLS; c++)
-                    tma_load_4d(Qt + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, full_q);
-                /* The next tile, asked for now: the counter's answer arrives under the loads. */
-                const int u_next = counted ? next_tile_of(a, u) : n_tiles;
-                if (k_ahead)
-                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, 0, n0, d, bc, f.stages);
-                for (int j = 0; j < Tc; j++) {
-                    TRACE_AT(&a, t, j, 0);
-                    if (!k_ahead)
-                        load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, n0 + j, d, bc, f.stages);
-                    else if (j + 1 < Tc)
-                        load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j + 1, n0 + j + 1, d, bc, f.stages);
-                    TRACE_AT(&a, t, j, 1);
-                    /* V's ring holds the last tile's O until its store has read it. */
-                    if (j == 0 && t > 0 && d != 64) mbar_wait(sm.o_free, (t - 1) & 1);
-                    load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d, bc, f.stages);
-                    TRACE_AT(&a, t, j, 2);
-                }
-                n0 += Tc;
-                u = u_next;
-            }
-            if (counted) {   /* no tile left: the consumers wake on Q's barrier to read so */
-                const int qs = ring_stage(t, Q_BUFS(d, bc));
-                mbar_wait(sm.empty_q + 8 * qs, ring_parity(t, Q_BUFS(d, bc)) ^ 1);
-                post_tile(sm, t, n_tiles);
-                mbar_arrive(sm.bar_q + 8 * qs);
+        if (WS && threadIdx.x == 0) {   /* Q_i, then K_j and V_j as the rings free up */
+            const int h_kv = h / (p.H / p.H_kv);
+            const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
+            mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
+            for (int c = 0; c < d / BOX_COLS; c++)
+                tma_load_4d(sm.Q + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.bar_q);
+            for (int j = 0; j < Tc; j++) {
+                TRACE_AT(&a, 0, j, 0);
+                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, d);
+                TRACE_AT(&a, 0, j, 1);
+                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, d);
+                TRACE_AT(&a, 0, j, 2);
             }
         }
     } else {
         if (CONSUMERS(d) == 3) SETMAXNREG_INC(CONSUMER_REGS_3);   /* d is a literal: one remains */
         else                   SETMAXNREG_INC(CONSUMER_REGS_2);
-        consume(p, a, f, sm, tmQ, tmK, tmV, tmO, wg - 1, n_tiles, walk, counted, overlap, d, bc, fp16);
+        consume(p, a, sm, tmQ, tmK, tmV, wg - 1, b, h, i0, d, fp16);
     }
 }
 
 /* One kernel per head dim and dtype, each with literals inside; the tensor maps are
- * __grid_constant__ parameters. One block of 3 warpgroups per SM (the cap at entry, 168
- * registers, is what setmaxnreg redistributes). causal: -1 read from p, 0 or 1 a literal. */
-typedef void (*attention_fn)(attn_problem, attn_args, fa3_opts, const __grid_constant__ CUtensorMap,
-                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
-                             const __grid_constant__ CUtensorMap);
-#define KERNEL(name, d, bc, causal, fp16, overlap, ws)                                          \
+ * __grid_constant__ parameters. One block per SM (the cap at entry, 168 registers, is what
+ * setmaxnreg redistributes). */
+typedef void (*attention_fn)(attn_problem, attn_args, const __grid_constant__ CUtensorMap,
+                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap);
+#define KERNEL(name, d, fp16)                                                                   \
     static __global__ void __launch_bounds__(THREADS(d), 1)                                     \
-    name(attn_problem p, attn_args a, fa3_opts f, const __grid_constant__ CUtensorMap tmQ,       \
-         const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,       \
-         const __grid_constant__ CUtensorMap tmO)                                                \
-    { tiled_attention(p, a, f, &tmQ, &tmK, &tmV, &tmO, overlap, ws, causal, d, bc, fp16); }
-/* Each kernel and its twins for the ablation: nooverlap (the softmax waits for both products),
- * nows (a consumer thread loads), and both. */
-#define KERNELS(name, d, bc, causal, fp16)                                                      \
-    KERNEL(name, d, bc, causal, fp16, 1, 1) KERNEL(name##_nooverlap, d, bc, causal, fp16, 0, 1) \
-    KERNEL(name##_nows, d, bc, causal, fp16, 1, 0) KERNEL(name##_nooverlap_nows, d, bc, causal, fp16, 0, 0)
-#define TWINS(name) { name, name##_nooverlap, name##_nows, name##_nooverlap_nows }
-KERNELS(attention_64_bf16, 64, 128, -1, 0)
-KERNELS(attention_64_fp16, 64, 128, -1, 1)
-KERNELS(attention_64_causal_bf16, 64, 128, 1, 0)
-KERNELS(attention_64_causal_fp16, 64, 128, 1, 1)
-KERNELS(attention_128_bf16, 128, 128, -1, 0)
-KERNELS(attention_128_fp16, 128, 128, -1, 1)
-KERNELS(attention_128_bc176_bf16, 128, 176, 0, 0)
-KERNELS(attention_128_bc176_fp16, 128, 176, 0, 1)
-KERNELS(attention_128_bc176_causal_bf16, 128, 176, 1, 0)
-KERNELS(attention_128_bc176_causal_fp16, 128, 176, 1, 1)
-KERNELS(attention_256_bf16, 256, 64, -1, 0)
-KERNELS(attention_256_fp16, 256, 64, -1, 1)
-KERNELS(attention_256_bc80_bf16, 256, 80, -1, 0)
-KERNELS(attention_256_bc80_fp16, 256, 80, -1, 1)
+    name(attn_problem p, attn_args a, const __grid_constant__ CUtensorMap tmQ,                   \
+         const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV)       \
+    { tiled_attention(p, a, &tmQ, &tmK, &tmV, d, fp16); }
+KERNEL(attention_64_bf16, 64, 0)
+KERNEL(attention_64_fp16, 64, 1)
+KERNEL(attention_128_bf16, 128, 0)
+KERNEL(attention_128_fp16, 128, 1)
+KERNEL(attention_256_bf16, 256, 0)
+KERNEL(attention_256_fp16, 256, 1)
 
-/* The kernel for the problem and the switches: a row per head dim, key tile, mask and dtype, a
- * column per twin. */
-static attention_fn pick_forward(const attn_problem *p, const fa3_opts *f)
+static attention_fn pick_forward(const attn_problem *p)
 {
-    static const attention_fn k[][4] = {
-        TWINS(attention_64_bf16), TWINS(attention_64_fp16),
-        TWINS(attention_64_causal_bf16), TWINS(attention_64_causal_fp16),
-        TWINS(attention_128_bf16), TWINS(attention_128_fp16),
-        TWINS(attention_128_bc176_bf16), TWINS(attention_128_bc176_fp16),
-        TWINS(attention_128_bc176_causal_bf16), TWINS(attention_128_bc176_causal_fp16),
-        TWINS(attention_256_bf16), TWINS(attention_256_fp16),
-        TWINS(attention_256_bc80_bf16), TWINS(attention_256_bc80_fp16) };
-    const int row = p->d == 64 ? (p->causal && f->persistent ? 2 : 0)
-                  : p->d == 128 ? (f->bc != 176 ? 4 : p->causal ? 8 : 6)
-                  : f->bc == 80 ? 12 : 10;
-    return k[row + (p->dtype == ATTN_FP16)][!f->overlap + 2 * !f->ws];
-}
-
-/* ATTN_FA3 (unset or empty: the defaults) into *f; 0, or 1 with why set for an unknown switch.
- * Defaults: everything on, 2 stages, key_tile's tile; ping-pong off at d = 256, where one
- * warpgroup's 128 O registers leave no room for the schedule to matter; a persistent grid at
- * d = 128, at d = 256 without a causal mask (its causal tiles ran 1-10% slower so) and at d = 64
- * with one (without, the tile loop costs 3-5%; measured: docs/08_fa3.md). bc=N chooses another
- * key tile of the head dim (128 or 176 at d = 128, 64 or 80 at d = 256). */
-static int parse_opts(const attn_problem *p, fa3_opts *f, char *why)
-{
-    f->pingpong = p->d <= 128;
-    f->overlap = 1;
-    f->ws = 1;
-    f->persistent = p->d == 128 || (p->d == 256 && !p->causal) || (p->d == 64 && p->causal);
-    f->stages = STAGES;
-    /* The causal order's sections: as many heads as have K and V within L2_KV_BYTES, at least one,
-     * at most all (so that G times the row tiles stays within the tile count). */
-    const double kv = 4.0 * p->N_k * p->d;
-    f->group = kv < L2_KV_BYTES ? (int)fmin(L2_KV_BYTES / kv, (double)p->H * p->B) : 1;
-    f->bc = key_tile(p->d, p->causal, p->N_k);
-    const char *env = getenv("ATTN_FA3");
-    if (!env) return 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", env);
-    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
-        if (!strcmp(t, "pingpong")) f->pingpong = 1;
-        else if (!strcmp(t, "nopingpong")) f->pingpong = 0;
-        else if (!strcmp(t, "nooverlap")) f->overlap = 0;
-        else if (!strcmp(t, "nows")) f->ws = 0;
-        else if (!strcmp(t, "persistent") && p->d == 64 && !p->causal) {
-            snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: head dim 64 without a causal mask runs one query "
-                     "tile a block (no persistent grid: its tile loop cost 3-5%%, docs/08_fa3.md)", env);
-            return 1;
-        } else if (!strcmp(t, "persistent")) f->persistent = 1;
-        else if (!strcmp(t, "nopersistent")) f->persistent = 0;
-        else if (!strcmp(t, "stages=1")) f->stages = 1;
-        else if (!strcmp(t, "stages=2")) f->stages = 2;
-        else if (!strncmp(t, "bc=", 3)) {
-            const int bc = atoi(t + 3), d = p->d;
-            if (!(d == 64 && bc == 128) && !(d == 128 && (bc == 128 || bc == 176)) &&
-                !(d == 256 && (bc == 64 || bc == 80))) {
-                snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: key tile '%s' is not one of head dim %d's "
-                         "(64: 128; 128: 128, 176; 256: 64, 80)", env, t + 3, d);
-                return 1;
-            }
-            f->bc = bc;
-        } else {
-            snprintf(why, ATTN_WHY_LEN, "ATTN_FA3=%s: unknown switch '%s' (known: pingpong, "
-                     "nopingpong, nooverlap, nows, persistent, nopersistent, stages=1, stages=2, bc=N)",
-                     env, t);
-            return 1;
-        }
-    }
-    return 0;
+    const int fp16 = p->dtype == ATTN_FP16;
+    if (p->d == 64) return fp16 ? attention_64_fp16 : attention_64_bf16;
+    if (p->d == 128) return fp16 ? attention_128_fp16 : attention_128_bf16;
+    return fp16 ? attention_256_fp16 : attention_256_bf16;
 }
 
 static int check(const attn_problem *p, attn_dir dir, char *why)
@@ -841,21 +512,13 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 08_fa3 needs a positive scale", p->scale);
         return 1;
     }
-    fa3_opts f;
-    if (parse_opts(p, &f, why)) return 1;
-#ifndef TRACE
-    if (getenv("ATTN_TRACE")) {
-        snprintf(why, ATTN_WHY_LEN, "ATTN_TRACE is set, but this 08_fa3 records no timeline: build it "
-                 "with make build/08_fa3 TRACE=1");
-        return 1;
-    }
-#endif
+    if (trace_refuse("08_fa3", why)) return 1;
     int smem_max = 0;
     if (attn_smem_per_block(&smem_max)) {
         snprintf(why, ATTN_WHY_LEN, "08_fa3 cannot query the device");
         return 1;
     }
-    const size_t smem = smem_bytes(p->d, f.bc);
+    const size_t smem = smem_bytes(p->d);
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
@@ -866,93 +529,34 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
 }
 
 /* Nothing beyond L (the timeline's stamps, when one is recorded). */
-static size_t trace_part(void)
-{
-#ifdef TRACE
-    if (getenv("ATTN_TRACE")) return trace_bytes();
-#endif
-    return 0;
-}
-
-/* The persistent grid's tile counter, or the timeline's stamps when one is recorded (the
- * instrumented build walks tiles in the static order). */
 static size_t workspace(const attn_problem *p, attn_dir dir)
 {
     (void)p; (void)dir;
-    const size_t t = trace_part();
-    return t > sizeof(int) ? t : sizeof(int);
+    return trace_workspace();
 }
-
-#ifdef TRACE
-/* The stamps of the call just enqueued on s into ATTN_TRACE's file, as CSV; entries no event
- * wrote keep the harness' poison (all ones) and are left out. */
-static cudaError_t write_trace(const char *path, const void *ws, cudaStream_t s)
-{
-    const size_t n = trace_bytes() / 8;
-    long long *t = (long long *)malloc(trace_bytes());
-    if (!t) return cudaErrorMemoryAllocation;
-    cudaError_t e = cudaStreamSynchronize(s);
-    if (e == cudaSuccess) e = cudaMemcpy(t, ws, trace_bytes(), cudaMemcpyDeviceToHost);
-    FILE *out = e == cudaSuccess ? fopen(path, "w") : NULL;
-    if (out) {
-        fprintf(out, "block,warpgroup,step,event,cycles\n");
-        for (size_t i = 0; i < n; i++)
-            if (t[i] != -1)
-                fprintf(out, "%d,%d,%d,%d,%lld\n", (int)(i / TRACE_EVENTS / TRACE_STEPS / TRACE_WGS),
-                        (int)(i / TRACE_EVENTS / TRACE_STEPS % TRACE_WGS),
-                        (int)(i / TRACE_EVENTS % TRACE_STEPS), (int)(i % TRACE_EVENTS), t[i]);
-        fclose(out);
-    } else if (e == cudaSuccess) {
-        fprintf(stderr, "08_fa3: cannot write the timeline to %s\n", path);
-    }
-    free(t);
-    return e;
-}
-#endif
 
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
-    char why[ATTN_WHY_LEN];
-    fa3_opts f;
-    if (parse_opts(p, &f, why)) return cudaErrorInvalidValue;   /* check() said why */
-    const int bc = f.bc;
-    const size_t smem = smem_bytes(p->d, bc);
-    const attention_fn kernel = pick_forward(p, &f);
-    /* Tensor maps: Q in boxes of Br rows, K and V of bc keys, O of one warpgroup's 64 rows. */
-    CUtensorMap tmQ, tmK, tmV, tmO;
+    const size_t smem = smem_bytes(p->d);
+    const attention_fn kernel = pick_forward(p);
+    /* Tensor maps: Q in boxes of Br rows, K and V in boxes of Bc keys, 64 columns each. */
+    CUtensorMap tmQ, tmK, tmV;
     if (hopper_tensor_map(&tmQ, a->q, p->dtype, p->d, p->N_q, p->H, p->B, Br(p->d)) ||
-        hopper_tensor_map(&tmK, a->k, p->dtype, p->d, p->N_k, p->H_kv, p->B, bc) ||
-        hopper_tensor_map(&tmV, a->v, p->dtype, p->d, p->N_k, p->H_kv, p->B, bc) ||
-        hopper_tensor_map(&tmO, a->o, p->dtype, p->d, p->N_q, p->H, p->B, WG_ROWS))
+        hopper_tensor_map(&tmK, a->k, p->dtype, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
+        hopper_tensor_map(&tmV, a->v, p->dtype, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)))
         return cudaErrorInvalidValue;
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    /* One block per query tile (at d = 64 without a causal mask a 3-D grid, tile_of), or
-     * (persistent) one per SM, each taking tiles from the counter. */
-    const int n_i = attn_ceil_div(p->N_q, Br(p->d)), n_tiles = n_i * p->H * p->B;
-    int dev = 0, sms = 0;
-    ATTN_TRY(cudaGetDevice(&dev));
-    ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const dim3 grid = p->d == 64 && !(p->causal && f.persistent) ? dim3(n_i, p->H, p->B)
-                    : dim3(f.persistent && f.ws && n_tiles > sms ? sms : n_tiles);
-#ifndef TRACE
-    if (grid.x < (unsigned)n_tiles)   /* blocks take their tiles after the first from a counter */
-        ATTN_TRY(cudaMemsetAsync(a->ws, 0, sizeof(int), s));
-#endif
-    kernel<<<grid, THREADS(p->d), smem, s>>>(*p, *a, f, tmQ, tmK, tmV, tmO);
+    const dim3 grid(attn_ceil_div(p->N_q, Br(p->d)), p->H, p->B);
+    kernel<<<grid, THREADS(p->d), smem, s>>>(*p, *a, tmQ, tmK, tmV);
     ATTN_LAUNCH_CHECK();
-#ifdef TRACE
-    if (getenv("ATTN_TRACE")) return write_trace(getenv("ATTN_TRACE"), a->ws, s);
-#endif
-    return cudaSuccess;
+    return trace_write("08_fa3", a->ws, s);
 }
 
 ATTN_EXPORT const attn_stage stage_08_fa3 = {
     "08_fa3",
     "FlashAttention-3's forward: a TMA producer warpgroup, ping-pong consumers, softmax under the products",
-    "head dim 64, 128 or 256; bf16, fp16; any N; causal; GQA; forward only; compute capability 9.0 "
-    "only; ATTN_FA3 switches (nopingpong, nooverlap, nows, stages=1, nopersistent, bc=N, pingpong, "
-    "persistent) for the ablation",
+    "head dim 64, 128 or 256; bf16, fp16; any N; causal; GQA; forward only; compute capability 9.0 only",
     90,
     check,
     workspace,

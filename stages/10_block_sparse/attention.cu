@@ -1,4 +1,4 @@
-/* stages/09_block_sparse/attention.cu: block-sparse and sliding-window FlashAttention-2
+/* stages/10_block_sparse/attention.cu: block-sparse and sliding-window FlashAttention-2
  * (mma.sync, sm_80 and up).
  *
  * Changed from 06_fa2: the same kernels, told which tiles to skip. A tile that the mask zeroes
@@ -21,11 +21,11 @@
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
  * Time: falls with the density; below dense 06_fa2's rate on the visible pairs, the more so
- *   the sparser the mask (docs/09_block_sparse.md, generated).
+ *   the sparser the mask (docs/10_block_sparse.md, generated).
  * Memory: as 06_fa2, plus in shared memory the lists (two words per 32 mask tiles, per query
  *   head in the backward) and the d = 128 forward's row sums (2 KiB); a block mask's order in
  *   the workspace.
- * Run: make build/09_block_sparse && build/09_block_sparse --seqlen 8192 --dim 128 \
+ * Run: make build/10_block_sparse && build/10_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
  */
 #include <limits.h>
@@ -350,7 +350,7 @@ static __device__ __forceinline__ int block_tile(const int *order)
  * the tail. With a causal window W, every tile from ceil((W - 1) / Br) on is as long as the
  * longest (its first row sees W keys): those go first, head after head in grid order, then the
  * short ones, longest first across all heads, so that the last wave is not whole tiles of a
- * few blocks (docs/09_block_sparse.md). Otherwise, and in the first section of a block mask's
+ * few blocks (docs/10_block_sparse.md). Otherwise, and in the first section of a block mask's
  * order (ranks below sorted_from), tile blockIdx.x of head blockIdx.y. */
 static __device__ __forceinline__ int block_item(const attn_problem p, const int2 *order,
                                                  int sorted_from, int *b, int *h)
@@ -992,7 +992,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     /* The fold (tiled_backward): two steps, query tiles i0 (stage st = 0) and i_fold (stage
      * 1); warps wn < 2 (keys 0 .. Bc/2-1) take the first, the others the second. A test at
      * run time, in the copy with the mask only: a third copy of the step made the others
-     * slower (docs/09_block_sparse.md). */
+     * slower (docs/10_block_sparse.md). */
     const int fold = masked && 2 * br <= BWD_Bc && i_fold >= 0;
     const int sw = fold ? wn >= 2 : st, i_w = fold && wn >= 2 ? i_fold : i0;
     const uint32_t Q_i = QdO + sw * stage_bytes, dO_i = Q_i + br * row_bytes;
@@ -1484,16 +1484,16 @@ static __global__ void __launch_bounds__(512) convert_dq_kernel(attn_problem p, 
 static int check(const attn_problem *p, attn_dir dir, char *why)
 {
     if (p->d != 64 && p->d != 128) {
-        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 09_block_sparse supports 64 and 128", p->d);
+        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 10_block_sparse supports 64 and 128", p->d);
         return 1;
     }
     if (!(p->scale > 0.0f)) {   /* the running max is taken on unscaled scores */
-        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 09_block_sparse needs a positive scale", p->scale);
+        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 10_block_sparse needs a positive scale", p->scale);
         return 1;
     }
     int smem_max = 0;
     if (attn_smem_per_block(&smem_max)) {
-        snprintf(why, ATTN_WHY_LEN, "09_block_sparse cannot query the device");
+        snprintf(why, ATTN_WHY_LEN, "10_block_sparse cannot query the device");
         return 1;
     }
     const size_t keys_list = list_bytes(p, 1);
@@ -1503,7 +1503,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d at N_q = %d, N_k = %d needs %zu KiB of shared memory for the tiles and "
-                 "the tile list; this GPU gives a block %d KiB, too little for stage 09_block_sparse",
+                 "the tile list; this GPU gives a block %d KiB, too little for stage 10_block_sparse",
                  p->d, p->N_q, p->N_k, (smem + 1023) / 1024, smem_max / 1024);
         return 1;
     }
@@ -1656,8 +1656,8 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     return cudaSuccess;
 }
 
-ATTN_EXPORT const attn_stage stage_09_block_sparse = {
-    "09_block_sparse",
+ATTN_EXPORT const attn_stage stage_10_block_sparse = {
+    "10_block_sparse",
     "block-sparse FlashAttention-2: per-tile lists skip the tiles a block mask or a window zeroes",
     "head dim 64 or 128; bf16, fp16; any N; causal, sliding window, block masks; GQA; dQ by fp32 atomics, or deterministic",
     80,
