@@ -217,6 +217,12 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
     *i0 = (p.causal ? n_i - 1 - it : it) * Br(d);
 }
 
+/* The stage of a 2-stage ring that its n-th tile uses, and the parity of that tile's phase:
+ * n & 1 and n >> 1 & 1, also for n = -1, the lap before the first (o_place's n_o), whose empty
+ * barrier's wait passes at once: there n % STAGES and n / STAGES would give -1 and 0. */
+static __device__ __forceinline__ int ring_stage(int n) { return n & (STAGES - 1); }
+static __device__ __forceinline__ int ring_parity(int n) { return n >> 1 & 1; }
+
 /* Where a tile's O waits for its store, laid out as Q_i's tile. With one tile a block, in Q_i's
  * tile (a consumer's rows once its own S products are done). A block that walks tiles loads the
  * next Q_i meanwhile: at d = 128 O takes the V stage of ring count n_o, the tile before the
@@ -226,7 +232,7 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
 static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, int walk, int n_o,
                                                    const int d, const int bc)
 {
-    return !walk ? sm.Q : d == 64 ? sm.O : d == 256 ? sm.V : sm.V + n_o % STAGES * bc * d * 2;
+    return !walk ? sm.Q : d == 64 ? sm.O : d == 256 ? sm.V : sm.V + ring_stage(n_o) * bc * d * 2;
 }
 
 /* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
@@ -541,11 +547,11 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i is staged in shared memory (o_place;
          * in V's ring as FA-3 does, when the block walks tiles), then leaves by one TMA store per
          * 64-column box; rows past N_q are clipped by the tensor map. */
-        const int n_o = c.n0 + Tc - STAGES;
+        const int n_o = c.n0 + Tc - STAGES;   /* -1 for a block's first tile if it has one step */
         const uint32_t o_tile = o_place(sm, walk, n_o, d, bc);
         if (walk && d == 256) bar_sync(BAR_ALL, CONSUMERS(d) * WARPGROUP);
         else if (walk && d == 64) bar_sync(BAR_EPI + cw, WARPGROUP);   /* the last store has read O */
-        else if (walk) mbar_wait(sm.empty_v + 8 * (n_o % STAGES), n_o / STAGES & 1);
+        else if (walk) mbar_wait(sm.empty_v + 8 * ring_stage(n_o), ring_parity(n_o));
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const float l_row = row_sum(l[r]);
