@@ -539,7 +539,9 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
             for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, bc, fp16);
             for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, bc, fp16);
         }
-        /* Every S product of this tile is complete: the producer may load the next Q_i. */
+        /* Every S product of this tile is complete: the producer may load the next Q_i (and post
+         * in the slot this warp read: __syncwarp orders every lane's read before lane 0's arrive). */
+        __syncwarp();
         if (lane == 0) mbar_arrive(sm.empty_q + 8 * qs);
         if (c.row0 >= p.N_q) pass_step(&c, Tc, d, bc);
         else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, bc, fp16);
