@@ -539,10 +539,9 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
             for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, bc, fp16);
             for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, bc, fp16);
         }
-        /* Every S product of this tile is complete: the producer may load the next Q_i (and post
-         * in the slot this warp read: __syncwarp orders every lane's read before lane 0's arrive). */
-        __syncwarp();
-        if (lane == 0) mbar_arrive(sm.empty_q + 8 * qs);
+        /* Every S product of this tile is complete: the producer may load the next Q_i, and post
+         * in the slot this thread read (so every consumer thread arrives, not one a warp). */
+        mbar_arrive(sm.empty_q + 8 * qs);
         if (c.row0 >= p.N_q) pass_step(&c, Tc, d, bc);
         else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, bc, fp16);
 
@@ -616,13 +615,13 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     const int counted = walk && (int)gridDim.x < n_tiles;
 
     /* The barriers: Q's full ones and the rings' full ones complete on one arrive plus the bytes;
-     * Q's empty ones and the rings' empty ones on one arrive per consumer warp; O's on one per
-     * consumer warpgroup (its store has read V's ring). */
+     * Q's empty ones on one arrive per consumer thread, the rings' on one per consumer warp; O's
+     * on one per consumer warpgroup (its store has read V's ring). */
     if (threadIdx.x == 0) {
         if (sm.Q % SWIZZLE_ATOM) hopper_fail();   /* the swizzled boxes need 1024-byte alignment */
         for (int q = 0; q < 2; q++) {
             mbar_init(sm.bar_q + 8 * q, 1);
-            mbar_init(sm.empty_q + 8 * q, CONSUMERS(d) * 4);
+            mbar_init(sm.empty_q + 8 * q, CONSUMERS(d) * WARPGROUP);
         }
         mbar_init(sm.o_free, CONSUMERS(d));
         for (int s = 0; s < STAGES; s++) {
