@@ -11,14 +11,17 @@
 #                         lists its knobs; make again without OFF to go back)
 #   make test             static check + Criterion tests (GPU tests skip without a GPU)
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
-#   make bench / plots    plots/bench.sh then plots/bytes.sh (GPU), plots/plots.sh
+#   make bench / plots    plots/bench.sh (the sweep, long context, masks; then PART=hopper: the
+#                         Hopper stages at d = 64, 128, 256) and plots/bytes.sh (GPU);
+#                         plots/plots.sh. make bench PART=hopper: that part alone
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
 #   make ablation         plots/ablation.sh: stages 8 and 9 with each of their ideas built out
 #                         (build/ablation/), checked and timed (GPU)
 #   make profile STAGE=n [ARGS="..."]   plots/profile.sh: Nsight Compute's time, DRAM bytes,
 #                         occupancy, tensor pipe and stall reasons of stage n, one table (GPU)
 #   make diff STAGE=n     what stage n changes relative to its parent (the stage its header
-#                         names after "Changed from"; stage n-1 if it names none)
+#                         names after "Changed from"; stage n-1 if it names none), and the
+#                         common/ definitions it uses first (plots/stage_diff.sh)
 #   make deps             Criterion (tests) and gnuplot (plots); deps-local: Criterion into .deps/
 #   make clean
 #
@@ -181,8 +184,13 @@ sanitize: all
 
 # ---- benchmarks and plots (scripts owned by plots/) ----------------------------------
 bench: all
+ifeq ($(PART),hopper)
+	PART=hopper STAGES="$(HOPPER_STAGES) torch" sh plots/bench.sh
+else
 	sh plots/bench.sh
+	PART=hopper STAGES="$(HOPPER_STAGES) torch" sh plots/bench.sh
 	sh plots/bytes.sh || echo "bench: no DRAM byte counts (plots/bytes.sh, above, says why)"
+endif
 
 bytes: all
 	sh plots/bytes.sh
@@ -202,15 +210,8 @@ plots: deps-plot
 
 # ---- the lesson of stage n: its diff against its parent ----------------------------------
 diff:
-	@[ -n "$(STAGE)" ] || { echo "usage: make diff STAGE=n   (n >= 2)"; exit 2; }; \
-	n=$$((10#$(STAGE))); cur=$$(printf %02d $$n); \
-	b=$$(ls -d $(STAGES_DIR)/$${cur}_*/attention.cu 2>/dev/null | head -1); \
-	[ -n "$$b" ] || { echo "no stage $$cur under $(STAGES_DIR)/"; exit 2; }; \
-	prev=$$(sed -n '1,12s/.*Changed from \([0-9][0-9]_[a-z0-9_]*\).*/\1/p' $$b | head -1); \
-	[ -n "$$prev" ] || prev=$$(printf %02d $$((n - 1)))_; \
-	a=$$(ls -d $(STAGES_DIR)/$${prev}*/attention.cu 2>/dev/null | head -1); \
-	[ -n "$$a" ] || { echo "no parent stage $$prev of $$cur under $(STAGES_DIR)/"; exit 2; }; \
-	diff -u $$a $$b; [ $$? -le 1 ]
+	@[ -n "$(STAGE)" ] || { echo "usage: make diff STAGE=n   (n >= 2)"; exit 2; }
+	@STAGES_DIR=$(STAGES_DIR) sh plots/stage_diff.sh $(STAGE)
 
 clean:
 	rm -rf $(BUILD)

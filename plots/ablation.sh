@@ -107,5 +107,5 @@ for shp in $SHAPES; do
     }
 done
 mkdir -p "$RESULTS_DIR" && cp "$WORK/rows.csv" "$OUT" || exit 2
-echo "$RUN_DATE: $GPU_NAME; commit ${COMMIT:-unknown}; plots/ablation.sh; clock settled (common/runner.c)" > "$OUT.runs"
+echo "$RUN_DATE; $GPU_NAME; commit ${COMMIT:-unknown}: plots/ablation.sh; clock settled (common/runner.c)" > "$OUT.runs"
 echo "ablation: wrote $OUT"

@@ -35,6 +35,8 @@
 #                                          a subset, merged into the existing files
 #   STAGES="06_fa2 10_block_sparse torch_flex" SWEEP=0 LONG=0 sh plots/bench.sh
 #                                          the masks part alone
+#   PART=hopper STAGES="07_wgmma 08_fa3 09_fa3_persistent torch" sh plots/bench.sh
+#                                          the Hopper stages' part alone (make bench PART=hopper)
 #   sh plots/bench.sh --summary [CSV]      print the summary tables of a CSV, run nothing
 #
 # Environment (all optional):
@@ -219,6 +221,15 @@ fi
 # --------------------------------------------------------------------------------------
 # Settings.
 
+# PART=hopper: the Hopper stages' forward beside the anchors at d = 64, 128 and 256 (STAGES: the
+# Makefile passes them and torch), one run into <gpu>-hopper.csv (plots/hopper_tables.sh reads
+# it); the sweep's, long-context and masks files are left as they are.
+if [ "${PART:-}" = hopper ]; then
+    DIMS=${DIMS:-"64 128 256"} NS=${NS:-"2048 4096 8192 16384"} DIRS=${DIRS:-forward}
+    SWEEP=1 LONG=0 MASKS=0 MERGE=0
+    BENCH_CSV=${BENCH_CSV:-}
+    PART_SUFFIX=-hopper
+fi
 filtered=0
 for v in "${STAGES:-}" "${NS:-}" "${DIMS:-}" "${CAUSALS:-}" "${DIRS:-}" "${LONG_NS:-}" \
          "${LONG_CAUSALS:-}" "${LONG_WINDOW:-}" "${LONG_WINDOW_NS:-}" "${MASK_PATTERNS:-}" \
@@ -255,7 +266,7 @@ if [ -z "$GPU_NAME" ]; then   # rows of "no CUDA GPU" would only bury real resul
 fi
 GPU_NAME=$(printf '%s' "$GPU_NAME" | tr -d ',')
 GPU_TAG=$(printf '%s' "$GPU_NAME" | tr ' /' '--' | tr -cd 'A-Za-z0-9._-')
-CSV=${BENCH_CSV:-$RESULTS_DIR/$GPU_TAG.csv}
+CSV=${BENCH_CSV:-$RESULTS_DIR/$GPU_TAG${PART_SUFFIX:-}.csv}
 LONG_CSV=${BENCH_LONG_CSV:-$RESULTS_DIR/$GPU_TAG-long.csv}
 MASKS_CSV=${BENCH_MASKS_CSV:-$RESULTS_DIR/$GPU_TAG-masks.csv}
 mkdir -p "$(dirname "$CSV")" "$(dirname "$LONG_CSV")" "$(dirname "$MASKS_CSV")" || exit 2

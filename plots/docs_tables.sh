@@ -126,14 +126,9 @@ $(cat plots/masks.awk)" || exit 2
 MASKS_REF=${MASKS_REF:-06_fa2}
 # Stages renamed since the lessons' markers were written: old=new, space-separated.
 RENAMED="05_fa2=06_fa2"
-# The logs behind the tables of logs (see above). The ablation: ABLATION_CSV, else the
-# candidates, newest first (by the date in the name; a letter after it, a later run that day).
-ABLATION_SETS=$(sh plots/ablation.sh --sets) || exit 2
-if [ -n "${ABLATION_CSV:-}" ]; then ABLATIONS=$ABLATION_CSV
-else
-    ABLATIONS=$(printf '%s\n' docs/logs/ablation-08-*.csv |
-        sed -n 's/.*-\([0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][a-z]*\)\.csv$/\1 &/p' | LC_ALL=C sort -r | cut -d ' ' -f 2)
-fi
+# The logs behind the tables of logs (see above). The Hopper stages' ablation is
+# plots/hopper_tables.sh's (its CSV: plots/ablation.sh); none here.
+ABLATION_SETS= ABLATIONS=
 D256_CSV=docs/logs/d256-2026-12-01g.csv
 TILE_LOG=docs/logs/probe-08-tile-order-2026-11-30.log
 TILE_RUN=4    # its run of the key-tile builds, interleaved rounds

@@ -141,7 +141,7 @@ TC_STAGES="05_tensor_cores 06_fa2 07_wgmma"
 gpus_here() {
     for f in plots/results/*.csv; do
         [ -f "$f" ] || continue
-        f=${f##*/}; f=${f%.csv}; f=${f%-long}; f=${f%-bytes}; f=${f%-masks}
+        f=${f##*/}; f=${f%.csv}; f=${f%-long}; f=${f%-bytes}; f=${f%-masks}; f=${f%-hopper}; f=${f%-ablation}
         echo "$f"
     done | sort -u
 }
@@ -893,7 +893,7 @@ if [ -n "$MASKS" ]; then
     mshape=$(awk -F, 'NR > 1 && $10 > 0 { printf "B = %s, H = %s, head dim %s, N = %s, %s", $5, $6, $10, $8, $4; exit }' "$MASKS")
     XKIND=fraction draw "$PLOTS_DIR/masks.png" "block-sparse masks: time per call against the fraction of (query, key) pairs the mask leaves visible; $mshape\nlines: the non-causal masks (dense, random block masks), open points: the causal ones (dense causal, sliding window);\ndotted: $MASKS_REF's dense time x the fraction (a block-sparse kernel at dense FA-2's speed on the visible pairs)\n$SRC_MASKS"
 fi
-# stage 8's timeline, from the traces of this GPU (plots/timeline.sh; no trace: no figure)
+# stage 8's pipeline timeline, from the traces of this GPU (plots/timeline.sh; no trace: no figure)
 traces=$(ls plots/results/trace/"$(basename "$MAIN" .csv)"-*.csv 2>/dev/null)
 if [ -n "$traces" ]; then
     # shellcheck disable=SC2086
@@ -901,5 +901,7 @@ if [ -n "$traces" ]; then
     else echo "plots: gnuplot failed on the timeline" >&2; status=1; fi
 fi
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/readme_table.sh --update README.md || status=1
+[ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/stage_diff.sh --update README.md || status=1
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/docs_tables.sh --update docs/*.md || status=1
+[ -n "${PLOTS_NO_TABLES:-}" ] || GPU=$(basename "$MAIN" .csv) sh plots/hopper_tables.sh --update README.md docs/*.md || status=1
 exit $status

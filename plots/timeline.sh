@@ -35,9 +35,11 @@ for csv in "$@"; do
             }
             printf "# rows %d\n", maxwg + 1
         }' "$csv" > "$tmp/p$n.dat"
-    # the title: the switches the trace was recorded with, from the file name <gpu>-08_fa3-<switches>.csv
+    # the title: the build the trace was recorded with, from the file name <gpu>-08_fa3-<build>.csv
+    # (default: the stage as it is; noIDEA: make build/08_fa3 TRACE=1 OFF=IDEA)
     name=$(basename "$csv" .csv); name=${name##*08_fa3-}
-    printf 'ATTN_FA3=%s\n' "$name" > "$tmp/p$n.name"
+    case $name in default) name="08_fa3 as it is" ;; no*) name="08_fa3 OFF=${name#no}" ;; esac
+    printf '%s\n' "$name" > "$tmp/p$n.name"
 done
 {
     echo "set terminal $term size 1400,$((260 * n + 80)) font ',10'"
