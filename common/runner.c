@@ -24,7 +24,7 @@
 /* The bench protocol; plots/anchors.py reads these #defines (keep each `#define NAME value`)
  * and times the PyTorch anchors by the same rules. Under sustained load the H200 holds its
  * boost clock for only the first ~70 ms and then settles about 10% lower (docs/notes.md,
- * 2026-12-01 (g)). So a shape first runs untimed until the clock has settled, and is then
+ * "Timing"). So a shape first runs untimed until the clock has settled, and is then
  * timed in that state, whatever ran before it. Every run, settling or timed, is preceded by the
  * L2 flush (outside its events); runs are queued about CHUNK_MS at a time between host waits,
  * so the GPU does not idle between them. */

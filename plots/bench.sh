@@ -452,7 +452,7 @@ echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; 
 # what this run measures, for the .runs file of each CSV it writes (see finish_csv): the sweep's
 # and the long context's line (their anchors: SDPA's), and the masks' (its anchor: flex);
 # "clock settled": timed by the settling protocol (common/runner.c; runs before 2026-12-01
-# 07:00 UTC timed 50 ms of warm-up later and the anchors earlier, see docs/notes.md)
+# 07:00 UTC timed 50 ms of warm-up, and the anchors earlier)
 RUN_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
 BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 RUN_DATE="$RUN_DATE; $GPU_NAME; commit ${BENCH_COMMIT:-unknown}"

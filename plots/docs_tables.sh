@@ -44,10 +44,10 @@
 #                      in brackets the ratio to the first column
 #   STAGE sass         static SASS counts of STAGE's kernels, a kernel a row and a column per
 #                      instruction (or the other way round), from SASS_TABLES's logs, kernels and
-#                      columns for STAGE (06_fa2: its forward and backward at d = 128; 07_wgmma,
-#                      08_fa3: the bf16 forward kernels: HGMMA per shape, TMA loads, mbarrier or
-#                      named-barrier operations, setmaxnreg, ex2)
-#   STAGE ncu          Nsight Compute (plots/profile.sh's tables in docs/logs/profile-2026-11-30.md)
+#                      columns for STAGE (06_fa2: its forward and backward at d = 128; 07_wgmma:
+#                      the bf16 forward kernels: HGMMA per shape, TMA loads, mbarrier operations,
+#                      ex2, mma.sync and ldmatrix)
+#   STAGE ncu          Nsight Compute (plots/profile.sh's tables in PROFILE_MD, under docs/logs/)
 #                      of the stage before STAGE (its number less one) and of STAGE at PROFILE_ARGS:
 #                      kernel time, occupancy, tensor pipe, the largest stall reasons
 #   STAGE ncu vs OTHER Nsight Compute's reports (NCU_REPORTS, under docs/logs/ncu/) of the forward
@@ -56,25 +56,6 @@
 #   STAGE deterministic  the backward with atomic dQ beside --deterministic (DETERMINISTIC_CSV, the
 #                      sweep's columns, a note "deterministic" on the --deterministic rows): ms (2
 #                      decimals) and workspace per head dim and masking
-#   08_fa3 ablation    TFLOP/s per set of ATTN_FA3 switches (rows, in plots/ablation.sh's order),
-#                      N = 8192: d = 128, causal, d = 64, causal, d = 256; from one CSV of
-#                      plots/ablation.sh: ABLATION_CSV (a path from the repository root), else the
-#                      newest docs/logs/ablation-08-*.csv (by the date in its name) with a timed
-#                      row of every switch set at d = 64, 128 and 256; "-" where it has no time;
-#                      without such a CSV, one line says there is none yet
-#   08_fa3 d256        head dim 256 (the CSV in D256_CSV, the sweep's columns): forward
-#                      TFLOP/s per N and masking, a column per stage in the order of the file
-#   08_fa3 key tile    ms per call of the key-tile builds (128 keys, 176, 176 with K_{j+1} loaded
-#                      before V_j) per shape: the median of the interleaved rounds of run 4 of
-#                      docs/logs/probe-08-tile-order-2026-11-30.log
-#   08_fa3 timeline    SM cycles of each phase of a consumer warpgroup's step (plots/timeline.sh's
-#                      phases), the mean over steps 2-45 of block 0, from this GPU's traces
-#                      plots/results/trace/<gpu>-08_fa3-default.csv and -nopingpong.csv
-#   08_fa3 boundary F  SM cycles of each part of a tile boundary (a consumer's last P V to its next
-#                      step 0) from the stamps of a probe build in trace CSV F, per consumer
-#   08_fa3 ncu cudnn   Nsight Compute beside cuDNN: time, SM clock, cycles (their product), tensor
-#                      pipe, L2 throughput (docs/logs/ncu/cudnn-vs-08-d128-N8192-2026-11-30.txt;
-#                      the stage as it is: run 10 of the probe log above)
 # The byte models (per stage: which terms) are in plots/bytes_model.awk, the one place they
 # are written, shared with plots/plots.sh (bytes.png).
 # A shape without a row prints "-", a refused or failed one "refused" / "failed".
@@ -126,14 +107,8 @@ $(cat plots/masks.awk)" || exit 2
 MASKS_REF=${MASKS_REF:-06_fa2}
 # Stages renamed since the lessons' markers were written: old=new, space-separated.
 RENAMED="05_fa2=06_fa2"
-# The logs behind the tables of logs (see above). The Hopper stages' ablation is
-# plots/hopper_tables.sh's (its CSV: plots/ablation.sh); none here.
-ABLATION_SETS= ABLATIONS=
-D256_CSV=docs/logs/d256-2026-12-01g.csv
-TILE_LOG=docs/logs/probe-08-tile-order-2026-11-30.log
-TILE_RUN=4    # its run of the key-tile builds, interleaved rounds
-NCU_RUN=10    # its run with the stage's own profile beside cuDNN's order
-TRACES=plots/results/trace/$(basename "$MAIN" .csv)-08_fa3   # -default.csv, -nopingpong.csv
+# The logs behind the tables of logs (see above). The Hopper stages' tables (08_fa3,
+# 09_fa3_persistent) are plots/hopper_tables.sh's; none here.
 # The "STAGE sass" tables, a line "STAGE KEY VALUE" per setting. logs: the files (a kernel's
 # counts come from the last file that has it); kernels: an awk regex on the kernels' names, then
 # " | " and what the caption calls them; then a line "col" per column (a kernel a row) or "row"
@@ -160,18 +135,10 @@ SASS_TABLES=$(cat <<'EOF'
 07_wgmma col SYNCS EXCH / ARRIVE / PHASECHK (mbarrier) = SYNCS.EXCH / SYNCS.ARRIVE / SYNCS.PHASECHK | l
 07_wgmma col MUFU.EX2 | r
 07_wgmma col HMMA, LDSM = HMMA + LDSM | r
-08_fa3 logs docs/logs/sass-08-2026-11-30.txt docs/logs/sass-08-bc176-2026-11-30.txt docs/logs/sass-08-2026-11-30c.txt docs/logs/sass-08-2026-11-30d.txt
-08_fa3 kernels ^attention_[0-9]+(_[a-z0-9]+)*_bf16$ | the bf16 forward kernels
-08_fa3 col HGMMA = HGMMA.* | l
-08_fa3 col UTMALDG / UTMASTG | r
-08_fa3 col USETMAXREG = USETMAXREG.* | l
-08_fa3 col BAR.SYNC / BAR.ARV | l
-08_fa3 col MUFU.EX2 | r
 EOF
 )
 PROFILE_MD=docs/logs/profile-2026-11-30.md
 PROFILE_ARGS="--batch 2 --heads 16 --seqlen 8192 --dim 128"
-CUDNN_NCU=docs/logs/ncu/cudnn-vs-08-d128-N8192-2026-11-30.txt
 # The "STAGE ncu vs OTHER" tables: ncu's reports, a line "STAGE DIRECTION FILE" each
 NCU_REPORTS="06_fa2 forward docs/logs/ncu/05_fa2-forward-d128-N8192-2026-11-29c.txt
 torch_flash forward docs/logs/ncu/torch_flash-forward-d128-N8192.txt
@@ -187,10 +154,7 @@ gen() {
         -v label="${LABEL:-$1}" -v src_main="$SRC_MAIN" -v src_long="$SRC_LONG" \
         -v src_bytes="$SRC_BYTES" -v runs="$RUNS" -v masksf="$MASKS" -v masks_path="$MASKS_PATH" \
         -v src_masks="$SRC_MASKS" -v mruns="$MRUNS" -v mref="$MASKS_REF" \
-        -v ablations="$ABLATIONS" -v ablation_env="${ABLATION_CSV:-}" -v asets="$ABLATION_SETS" \
-        -v d256f="$D256_CSV" -v tilelog="$TILE_LOG" -v tile_run="$TILE_RUN" -v ncu_run="$NCU_RUN" \
-        -v traces="$TRACES" -v sass_tables="$SASS_TABLES" -v prof_md="$PROFILE_MD" \
-        -v prof_args="$PROFILE_ARGS" -v cudnn_ncu="$CUDNN_NCU" \
+        -v sass_tables="$SASS_TABLES" -v prof_md="$PROFILE_MD" -v prof_args="$PROFILE_ARGS" \
         -v ncu_reports="$NCU_REPORTS" -v det_csv="$DETERMINISTIC_CSV" "$MODELS"'
         # 3 significant digits, no exponent: 0.903, 30.1, 335, 1234
         function sig3(x,   r, e) {
@@ -448,109 +412,14 @@ gen() {
             out("")
             out(bytes_source("read + written, " bytes_shape() "; in brackets: measured / modelled (plots/bytes_model.awk)"))
         }
-        # ---- the tables of logs (the lessons of stages 6 to 8): files outside the sweep, read when asked
+        # ---- the tables of logs (the lessons of stages 6 and 7): files outside the sweep, read when asked
         # the caption line under such a table
         function logs_source(what, files) {
             return "*" what "; " files "; generated by `plots/docs_tables.sh`; do not edit.*"
         }
-        # the date in a file name (2026-11-30 of ablation-08-2026-11-30b.csv), or ""
-        function name_date(f) {
-            return match(f, /[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]/) ? substr(f, RSTART, RLENGTH) : ""
-        }
         # a[1..n] sorted by key[a[i]] (insertion sort, a few items)
         function sort_by(a, n, key,   i, j, x) {
             for (i = 2; i <= n; i++) for (j = i; j > 1 && key[a[j - 1]] > key[a[j]]; j--) { x = a[j]; a[j] = a[j - 1]; a[j - 1] = x }
-        }
-        # the lines of run r of a probe log ("== run R (HH:MM): ..." up to the next "==" line) into
-        # l[1..n]; returns n, and sets run_when to its HH:MM
-        function run_lines(file, r, l,   line, in_run, n) {
-            n = 0; run_when = ""
-            while ((getline line < file) > 0) {
-                if (line ~ /^==/) {
-                    in_run = index(line, "== run " r " (") == 1
-                    if (in_run && match(line, /\([0-9][0-9]:[0-9][0-9]\)/)) run_when = substr(line, RSTART + 1, 5)
-                    continue
-                }
-                if (in_run) l[++n] = line
-            }
-            close(file)
-            return n
-        }
-        # an ablation CSV (plots/ablation.sh: "switches",d,causal,N,median_ms,tflops) into
-        # abl[set, d, causal, N], its TFLOP/s ("" where the run was not timed), and abl_rows;
-        # returns how many switch sets of asets have a timed row at each of d = 64, 128 and 256
-        function ablation_read(file,   line, q, s, f, has, sets, ns, i, n) {
-            split("", abl); abl_rows = 0
-            while ((getline line < file) > 0) {
-                if (substr(line, 1, 1) != "\"") continue   # the header
-                q = index(substr(line, 2), "\"")
-                s = substr(line, 2, q - 1)
-                if (split(substr(line, q + 3), f, ",") < 5) continue
-                abl[s, f[1], f[2], f[3]] = f[5]; abl_rows++
-                if (f[5] != "") has[s, f[1]] = 1
-            }
-            close(file)
-            ns = split(asets, sets, "\n"); n = 0
-            for (i = 1; i <= ns; i++) if ((sets[i], 64) in has && (sets[i], 128) in has && (sets[i], 256) in has) n++
-            return n
-        }
-        # 08_fa3 ablation: TFLOP/s per switch set (plots/ablation.sh'"'"'s order) at N = 8192
-        function table_ablation(   files, nf, file, sets, ns, i, c, cd, cc, s, k, v, line, date) {
-            nf = split(ablations, files, "\n"); ns = split(asets, sets, "\n"); file = ""
-            for (i = 1; i <= nf && file == ""; i++)
-                if (files[i] != "" && (ablation_read(files[i]) == ns || ablation_env != "")) file = files[i]
-            if (file == "") {
-                out(""); out("*No ablation CSV with every switch set at d = 64, 128 and 256 in `docs/logs/` yet: `sh plots/ablation.sh` on a GPU measures one; generated by `plots/docs_tables.sh`; do not edit.*")
-                return
-            }
-            if (abl_rows == 0) { fail("no rows in ABLATION_CSV=" file); return }
-            split("128 128 64 64 256", cd, " "); split("0 1 0 1 0", cc, " ")
-            out(""); out("| switches | d = 128, N = 8192 | causal | d = 64, N = 8192 | causal | d = 256, N = 8192 |")
-            out("|---|--:|--:|--:|--:|--:|")
-            for (i = 1; i <= ns; i++) {
-                s = sets[i]
-                line = "| " (s == "default" ? "default (all on)" : "`" s "`" (s == "nows" ? " (a consumer thread loads, as in 07)" : "")) " |"
-                for (c = 1; c <= 5; c++) {
-                    k = s SUBSEP cd[c] SUBSEP cc[c] SUBSEP 8192
-                    v = (k in abl) ? abl[k] : ""
-                    line = line " " (v != "" ? sig3(v + 0) : "-")
-                    # parse_opts (stages/08_fa3/attention.cu): no ping-pong at d = 256 by default
-                    if (s == "default" && cd[c] == 256 && v != "") line = line " (ping-pong off)"
-                    line = line " |"
-                }
-                out(line)
-            }
-            date = name_date(file)
-            out("")
-            out(logs_source("TFLOP/s of 08_fa3'"'"'s forward under each set of `ATTN_FA3` switches (`sh plots/ablation.sh`), median of the timed runs; bf16, N = 8192, B = 16384/N, H = 2048/d; causal counts the visible half; \"-\": no time in the file", \
-                "rows of one run" (date != "" ? ", " date : "") ": `" file "`"))
-        }
-        # 08_fa3 d256: forward TFLOP/s per N and masking of the d = 256 CSV (the sweep'"'"'s columns), a
-        # column per stage in the order of the file
-        function table_d256(   line, f, st, nst, stseen, r, nr, rkey, val, shape, i, j, k, x, row) {
-            while ((getline line < d256f) > 0) {
-                # the header, and the ceiling rows (not stages) a bench run adds
-                if (split(line, f, ",") < 15 || f[3] != "forward" || f[2] ~ /^ceiling_/) continue
-                if (!(f[2] in stseen)) { stseen[f[2]] = 1; st[++nst] = f[2] }
-                k = f[11] SUBSEP f[8]
-                if (!(k in rkey)) { rkey[k] = f[11] * 1e9 + f[8]; r[++nr] = k }
-                val[f[2], k] = f[15] == "ok" ? sig3(f[13]) : f[15]
-                if (shape == "") shape = f[1] ", " f[4] ", head dim " f[10] ", B = " f[5] * f[8] "/N, H = " f[6]
-            }
-            close(d256f)
-            if (nr == 0) { fail("no rows in " d256f); return }
-            sort_by(r, nr, rkey)
-            line = "| N | causal |"; row = "|--:|--:|"
-            for (j = 1; j <= nst; j++) { line = line " " st[j] " |"; row = row "--:|" }
-            out(""); out(line); out(row)
-            for (i = 1; i <= nr; i++) {
-                split(r[i], x, SUBSEP)
-                line = "| " x[2] " | " x[1] " |"
-                for (j = 1; j <= nst; j++) line = line " " ((st[j], r[i]) in val ? val[st[j], r[i]] : "-") " |"
-                out(line)
-            }
-            out("")
-            out(logs_source("TFLOP/s of the forward, median of the timed runs; " shape "; causal counts the visible half", "`" d256f "`"))
         }
         # the median of the numbers f[from..to]
         function median(f, from, to,   v, n, i, j, x) {
@@ -558,43 +427,6 @@ gen() {
             for (i = from; i <= to; i++) v[++n] = f[i] + 0
             for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] > v[j]; j--) { x = v[j]; v[j] = v[j - 1]; v[j - 1] = x }
             return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-        }
-        # 08_fa3 key tile: run tile_run of tilelog, a line " ARGS | BUILD  MS MS MS" (a time per
-        # round) per shape and build: the median per cell; builds ref, b176 and wkf (the log names them)
-        function table_key_tile(   l, n, i, j, p, f, nf, a, na, nn, bb, causal, dim, dims, k, x, r, nr, rkey, med, label, rounds, b, hb, line) {
-            n = run_lines(tilelog, tile_run, l)
-            for (i = 1; i <= n; i++) {
-                if (!(p = index(l[i], " | "))) continue
-                nf = split(substr(l[i], p + 3), f, " ")
-                na = split(substr(l[i], 1, p - 1), a, " ")
-                nn = bb = ""; causal = 0
-                for (j = 1; j <= na; j++) {
-                    if (a[j] == "--seqlen") nn = a[j + 1]
-                    else if (a[j] == "--batch") bb = a[j + 1]
-                    else if (a[j] == "--dim") dim = a[j + 1]
-                    else if (a[j] == "--causal") causal = 1
-                }
-                if (nf < 2 || nn == "" || bb == "") continue
-                k = causal SUBSEP nn SUBSEP bb
-                if (!(k in rkey)) { rkey[k] = causal * 1e9 - nn; r[++nr] = k }
-                med[k, f[1]] = median(f, 2, nf)
-                rounds[nf - 1] = 1; dims[dim] = 1
-            }
-            if (nr == 0) { fail("no timed lines in run " tile_run " of " tilelog); return }
-            sort_by(r, nr, rkey)
-            split("ref b176 wkf", b, " ")
-            split("128 keys|176 keys|176 keys, K_{j+1} before V_j", hb, "|")
-            out(""); out("| shape | " hb[1] " | " hb[2] " | " hb[3] " |"); out("|---|--:|--:|--:|")
-            for (i = 1; i <= nr; i++) {
-                split(r[i], x, SUBSEP)
-                line = "| N = " x[2] ", B = " x[3] (x[1] ? ", causal" : "") " |"
-                for (j = 1; j <= 3; j++) line = line " " ((r[i], b[j]) in med ? sprintf("%.3f ms", med[r[i], b[j]]) : "-") " |"
-                out(line)
-            }
-            label = ""; for (k in rounds) label = label (label == "" ? "" : " or ") k
-            dim = ""; for (k in dims) dim = dim (dim == "" ? "" : ", ") k
-            out("")
-            out(logs_source("08_fa3'"'"'s forward per build, ms per call: the median of the " label " interleaved rounds of run " tile_run " (" run_when "), each round a `--bench` median; bf16, head dim " dim, "`" tilelog "`"))
         }
         # ab FILE: an A/B log of interleaved rounds, a line "round R | ARGS | VARIANT | MS ms ..."
         # per run: a row per ARGS, a column per VARIANT (both in the order they first appear),
@@ -630,76 +462,6 @@ gen() {
             m = 0; for (k in rounds) if (k + 0 > m) m = k + 0
             out("")
             out(logs_source("ms per call, the median of " m " interleaved rounds (each a `--bench` median); in brackets, the ratio to the first column", "`" file "`"))
-        }
-        # 08_fa3 timeline: the SM cycles of each phase of a consumer warpgroup'"'"'s step, the mean over
-        # steps 2-45 of block 0, in the traces (block,warpgroup,step,event,cycles) of ping-pong on
-        # (traces-default.csv) and off (-nopingpong.csv); the phases are those of
-        # plots/timeline.sh: event e to e + 1 (e = 0 .. 5), then event 6 to the next step'"'"'s event 0
-        function table_timeline(   ti, file, files, line, f, t, maxwg, w, s, e, sum, n) {
-            out(""); out("| | wait for tiles | wait for the turn | issue S, P V | wait for S | softmax | wait for P V | rescale, pack | step |")
-            out("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
-            for (ti = 1; ti <= 2; ti++) {
-                file = traces (ti == 1 ? "-default.csv" : "-nopingpong.csv")
-                files = files (ti == 1 ? "" : " and ") "`" file "`"
-                split("", t); maxwg = 0
-                while ((getline line < file) > 0)
-                    if (split(line, f, ",") == 5 && f[1] == "0") { t[f[2], f[3], f[4]] = f[5]; if (f[2] + 0 > maxwg) maxwg = f[2] + 0 }
-                close(file)
-                if (maxwg == 0) { fail("no consumer stamps of block 0 in " file); return }
-                for (w = 1; w <= maxwg; w++) {
-                    split("", sum); n = 0
-                    for (s = 2; s <= 45; s++) {
-                        for (e = 0; e <= 6 && (w, s, e) in t; e++) ;
-                        if (e <= 6 || !((w, s + 1, 0) in t)) continue
-                        for (e = 0; e < 6; e++) sum[e + 1] += t[w, s, e + 1] - t[w, s, e]
-                        sum[7] += t[w, s + 1, 0] - t[w, s, 6]; sum[8] += t[w, s + 1, 0] - t[w, s, 0]
-                        n++
-                    }
-                    if (n == 0) { fail("no whole step of consumer " w - 1 " in steps 2-45 of " file); return }
-                    line = "| " (ti == 1 ? "ping-pong" : "no ping-pong") ", consumer " w - 1 " |"
-                    for (e = 1; e <= 8; e++) line = line " " sprintf("%.0f", sum[e] / n) " |"
-                    out(line)
-                }
-            }
-            out("")
-            out(logs_source("SM cycles, the mean over steps 2-45 of block 0 of each phase of a consumer warpgroup'"'"'s step (the clock64 stamps of `make build/08_fa3 TRACE=1`; the phases of plots/timeline.sh), ping-pong on (the default) and off", files))
-        }
-        # 08_fa3 boundary FILE: the parts of a tile boundary, in SM cycles, from a probe build'"'"'s
-        # stamps (block,warpgroup,step,event,cycles) of a block'"'"'s first two tiles at N = 2048 with
-        # 128 keys (16 steps): tile 0 at steps 0-16 (16: its last P V; event 7 there: O written),
-        # the epilogue'"'"'s parts at step 17, tile 1 at steps 32-, its setup at step 52; a column per
-        # consumer of blocks 0 and 1
-        function table_boundary(file,   line, f, t, np, k, nk, key, part, b, w, c, col, ok) {
-            while ((getline line < file) > 0)
-                if (split(line, f, ",") == 5 && f[1] ~ /^[01]$/) t[f[1], f[2], f[3] "." f[4]] = f[5]
-            close(file)
-            nk = split("16.6 17.1 17.2 16.7 17.0 52.0 52.1 52.3 32.0", key, " ")
-            np = split("waits and barrier before O is written|row sums, 1 / l, O scaled and rounded, 32 stores to shared memory, L|" \
-                       "proxy fence and the warpgroup'"'"'s barrier|the TMA store issued (one thread; its warp waits)|" \
-                       "the next tile read from the posted slot|the tile decoded (`tile_of`, T_c, rows)|" \
-                       "O zeroed, Q_i'"'"'s barrier, the mask split|the call into step 0", part, "|")
-            line = "| part of the boundary |"; c = 0
-            for (b = 0; b <= 1; b++)
-                for (w = 1; w <= 2; w++) {
-                    ok = 1
-                    for (k = 1; k <= nk; k++) if (!((b, w, key[k]) in t)) ok = 0
-                    if (!ok) continue
-                    col[++c] = b SUBSEP w
-                    line = line " block " b ", consumer " w - 1 " |"
-                }
-            if (c == 0) { fail("no consumer with every boundary stamp in " file); return }
-            out(""); out(line)
-            line = "|---|"; for (k = 1; k <= c; k++) line = line "--:|"; out(line)
-            for (k = 1; k < nk; k++) {
-                line = "| " part[k] " |"
-                for (w = 1; w <= c; w++) line = line " " t[col[w], key[k + 1]] - t[col[w], key[k]] " |"
-                out(line)
-            }
-            line = "| **from the last P V to step 0** |"
-            for (w = 1; w <= c; w++) line = line " **" t[col[w], key[nk]] - t[col[w], key[1]] "** |"
-            out(line)
-            out("")
-            out(logs_source("SM cycles between clock64 stamps of a probe build (`TRACE`), d = 128, N = 2048, B = 8, H = 16, 128-key tile, the boundary between a block'"'"'s first two tiles", "`" file "`"))
         }
         # a setting of the tables of logs: the values of the lines "S KEY VALUE" of text into
         # v[1..n] (in their order); returns n
@@ -757,11 +519,11 @@ gen() {
             s = sass_n(k, t[1]); for (i = 2; i <= n; i++) s = s " / " sass_n(k, t[i])
             return s
         }
-        # the files logs[1..nl] into scnt, the kernels matching re; three forms: "<mangled name>
-        # <instruction> <count>" a line (the name decoded from its length prefix); "<name>: <count>
-        # <instruction> ..."; a line "sm_NN <mangled name>" and under it "<instruction>:<count> ..."
-        # (sm_90'"'"'s only, the H200'"'"'s code). Returns 0 on a file it cannot read
-        function sass_read(logs, nl, re,   i, line, f, nf, k, j, cur) {
+        # the files logs[1..nl] into scnt, the kernels matching re; two forms: "<mangled name>
+        # <instruction> <count>" a line (the name decoded from its length prefix); a line "sm_NN
+        # <mangled name>" and under it "<instruction>:<count> ..." (sm_90'"'"'s only, the H200'"'"'s
+        # code). Returns 0 on a file it cannot read
+        function sass_read(logs, nl, re,   i, line, f, nf, j, cur) {
             split("", scnt); split("", sfile)
             for (i = 1; i <= nl; i++) {
                 if ((getline line < logs[i]) <= 0) { fail("cannot read " logs[i]); return 0 }
@@ -770,10 +532,6 @@ gen() {
                     nf = split(line, f, " ")
                     if (nf == 3 && f[1] ~ /^_Z[0-9]/) sass_count(demangle(f[1]), f[2], f[3], logs[i], re)
                     else if (nf == 2 && f[1] ~ /^sm_[0-9]+$/) cur = f[1] == "sm_90" ? demangle(f[2]) : ""
-                    else if (f[1] ~ /:$/) {
-                        k = f[1]; sub(/[^a-z0-9_]*:$/, "", k)
-                        for (j = 2; j < nf; j += 2) sass_count(k, f[j + 1], f[j], logs[i], re)
-                    }
                     else if (cur != "" && f[1] ~ /:[0-9]+$/)
                         for (j = 1; j <= nf; j++) if (match(f[j], /:[0-9]+$/))
                             sass_count(cur, substr(f[j], 1, RSTART - 1), substr(f[j], RSTART + 1), logs[i], re)
@@ -798,7 +556,7 @@ gen() {
             if (!sass_read(logs, nl, re)) return
             for (k in sfile) {
                 ks[++nk] = k; split(k, x, "_")
-                kkey[k] = sprintf("%04d %04d %s", x[2], match(k, /_bc[0-9]+_/) ? substr(k, RSTART + 3, RLENGTH - 4) : 0, k)
+                kkey[k] = sprintf("%04d %s", x[2], k)
             }
             if (nk == 0) { fail("no kernel matching " re " in " files); return }
             sort_by(ks, nk, kkey)
@@ -932,54 +690,6 @@ gen() {
             out(logs_source("the backward of " s (name != s ? " (named " name " then)" : "") " with dQ accumulated by atomics and with `--deterministic`, ms per call, median of the timed runs; " shape, \
                 "`" det_csv "`"))
         }
-        # 08_fa3 ncu cudnn: the metrics of cudnn_ncu ("== ncu NAME dD NN" sections, a line
-        # " METRIC [UNIT] VALUE" each) of the stage'"'"'s two builds (08_ref, 08_b176) and cuDNN'"'"'s kernel,
-        # and the stage as it is from run ncu_run of tilelog ("cur: T ms at C GHz, tensor pipe
-        # active P%"); cycles = time × SM clock
-        function ncu_row(label, t, clk, tp, l2) {
-            out("| " label " | " sig3(t) " | " sig3(clk) " | " sig3(t * clk) " M | " sig3(tp) " | " (l2 == "" ? "-" : sig3(l2)) " |")
-        }
-        function table_ncu_cudnn(   line, f, nf, name, m, tile, shape, l, n, i, T, C, P, L) {
-            T = "gpu__time_duration.sum"; C = "sm__cycles_elapsed.avg.per_second"
-            P = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed"
-            L = "lts__throughput.avg.pct_of_peak_sustained_elapsed"
-            while ((getline line < cudnn_ncu) > 0) {
-                nf = split(line, f, " ")
-                if (line ~ /^== ncu /) {
-                    name = f[3]; for (i = 4; i <= nf - 2; i++) name = name " " f[i]
-                    shape = "head dim " substr(f[nf - 1], 2) ", N = " substr(f[nf], 2)
-                }
-                else if (line ~ /^==/) name = ""
-                else if (name != "" && f[1] ~ /^cudnn_/) { tile = f[1]; sub(/_kernel[0-9_]*$/, "", tile); sub(/.*_knob_[0-9]+_/, "", tile) }
-                else if (name != "" && nf >= 2) m[name, f[1]] = f[nf]
-            }
-            close(cudnn_ncu)
-            if (!(("08_ref", T) in m) || !(("08_b176", T) in m) || !(("torch cudnn", T) in m)) { fail("no 08_ref, 08_b176 or torch cudnn section in " cudnn_ncu); return }
-            n = run_lines(tilelog, ncu_run, l)
-            for (i = 1; i <= n && !match(l[i], /cur: [0-9.]+ ms at [0-9.]+ GHz, tensor pipe active [0-9.]+%/); i++) ;
-            if (i > n) { fail("no \"cur: ... tensor pipe active ...%\" line in run " ncu_run " of " tilelog); return }
-            split(substr(l[i], RSTART, RLENGTH - 1), f, " ")
-            out(""); out("| kernel | time ms | SM clock GHz | cycles | tensor pipe active % | L2 throughput % of peak |")
-            out("|---|--:|--:|--:|--:|--:|")
-            ncu_row("08_fa3, 128-key tile", m["08_ref", T], m["08_ref", C], m["08_ref", P], m["08_ref", L])
-            ncu_row("08_fa3, 176-key tile (a probe build: K_j, V_j loaded in step)", m["08_b176", T], m["08_b176", C], m["08_b176", P], m["08_b176", L])
-            ncu_row("08_fa3 as it is (176 keys, K_{j+1} before V_j; a later profile)", f[2], f[5], f[10], "")
-            ncu_row("cuDNN" (tile != "" ? " (`..._" tile "`)" : ""), m["torch cudnn", T], m["torch cudnn", C], m["torch cudnn", P], m["torch cudnn", L])
-            out("")
-            out(logs_source("Nsight Compute (`ncu --clock-control none`), one launch each, bf16, forward, " shape ", non-causal; cycles: time × SM clock", \
-                "`" cudnn_ncu "`; the third row: run " ncu_run " (" run_when ") of `" tilelog "`"))
-        }
-        # the "08_fa3 ..." SPECs: 1 when what names one
-        function stage8(what) {
-            if (what == "ablation") table_ablation()
-            else if (what == "d256") table_d256()
-            else if (what == "key tile") table_key_tile()
-            else if (what == "timeline") table_timeline()
-            else if (what == "ncu cudnn") table_ncu_cudnn()
-            else if (what ~ /^boundary [^ ]+$/) table_boundary(substr(what, 10))
-            else return 0
-            return 1
-        }
         # numbered stages first, then cuBLAS, then the rest by name
         function rank(x) { return (x ~ /^[0-9]/ ? "0" : x == "cublas" ? "1" : "2") x }
         # a stage renamed since the lesson was written: its new name (noted on stderr)
@@ -1003,7 +713,6 @@ gen() {
             if (nw < 1) { fail("empty numbers spec"); return }
             if (nw == 1 && w[1] == "bytes") { table_bytes_all(); return }
             if (nw == 2 && w[1] == "ab") { table_ab(w[2]); return }
-            if (nw >= 2 && w[1] == "08_fa3" && stage8(substr(text, length(w[1]) + 2))) return
             w[1] = resolve(w[1])
             # the tables of the logs a lesson quotes
             if (nw == 2 && w[2] == "sass") { table_sass(w[1]); return }
@@ -1029,7 +738,7 @@ gen() {
             else if (nw == 2 && w[2] == "workspace") table_workspace(w[1])
             else if (nw == 2 && w[2] == "long") table_long(w[1], "c0")
             else if (nw == 2 && w[2] == "io") table_io(w[1])
-            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE bytes, bytes, ab FILE, STAGE sass, STAGE ncu, STAGE ncu vs OTHER, STAGE deterministic, 08_fa3 ablation, 08_fa3 d256, 08_fa3 key tile, 08_fa3 timeline, 08_fa3 ncu cudnn, 08_fa3 boundary FILE)")
+            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE bytes, bytes, ab FILE, STAGE sass, STAGE ncu, STAGE ncu vs OTHER, STAGE deterministic)")
         }
         # the bytes CSV: gpu,stage,direction,dtype,B,H,N,d,causal,kernels,dram_read_bytes,
         # dram_write_bytes,status,note; forward, non-causal rows (the last row of a shape wins)

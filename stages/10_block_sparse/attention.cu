@@ -192,7 +192,7 @@ static __device__ __forceinline__ int last_tile(int list, int j, int end, int pe
  * The forward orders a section of heads at once: as many heads as a wave of blocks (two per
  * SM) holds tiles, so the blocks that run together share the K, V of as few heads as in the
  * dense grid, in L2, while the tail is balanced over the section's tiles and not one head's
- * (docs/notes.md: one head at a time, and sections of more heads, were slower). */
+ * (one head at a time, and sections of more heads, measured slower). */
 #define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
 #define ORDER_STAGE 32768    /* order_kernel: shared memory for the backward's mask copy */
 
@@ -236,7 +236,7 @@ static __device__ __forceinline__ int tile_work(const attn_problem p, const attn
         if ((((size_t)row | k0 | k1) & 15) == 0) {
             /* 16 bytes a load. Each thread counts its own row, so one load of a warp touches
              * 32 rows, 16 cache lines: a byte a load, a row of 64 bytes took 64 such loads
-             * and the kernel 12.5 us instead of 4.5 (docs/notes.md, 2026-12-01 (i)). */
+             * and the kernel 12.5 us instead of 4.5. */
             for (int k = k0; k < k1; k += 16) {
                 const uint4 v = *(const uint4 *)(row + k);
                 n += (__popc(__vcmpne4(v.x, 0)) + __popc(__vcmpne4(v.y, 0)) +
