@@ -130,6 +130,64 @@ Test(check, unwritten_poisoned_output_fails)
     teardown(&f);
 }
 
+/* ---- biases: errors that lean one way, too small for any one element to stand out ---- */
+
+/* Every element of a 16-bit tensor times factor (rounded to the dtype again). */
+static void scale16(uint16_t *x, size_t n, double factor, attn_dtype t)
+{
+    for (size_t i = 0; i < n; i++) perturb16(x, i, factor, t);
+}
+
+/* The oracle's own outputs, rounded, pass; each one biased fails: O, dQ, dK, dV by +-2%, L by
+ * +0.01, and L by +0.02 with the gradients that L gives (P = exp(S - L) scaled by e^-0.02:
+ * dV, and the P of dS, 2% low). In bf16 and fp16, at N = 1000 and 4000 (B = 1, H = 2, d = 64,
+ * normal inputs). */
+Test(check, a_uniform_bias_fails, .timeout = 300)
+{
+    for (int dt = 0; dt < 2; dt++)
+        for (int N = 1000; N <= 4000; N *= 4) {
+            attn_problem p = test_problem(1, 2, 2, N, N, 64, 0);
+            p.dtype = dt ? ATTN_FP16 : ATTN_BF16;
+            fixture f;
+            setup(&f, p, 70 + N + dt);
+            attn_cmp c[5];
+            int nc;
+            cr_assert_eq(fails_of(&f, c, &nc), 0, "the rounded reference must pass");
+            for (int i = 0; i < nc; i++)
+                if (c[i].nw_bound > 0)
+                    cr_assert(c[i].normwise <= 0.25 * c[i].nw_bound, "%s: rounding alone uses %.2f of the "
+                              "norm-wise bound", attn_tensor_name(c[i].kind), c[i].normwise / c[i].nw_bound);
+            const size_t nq = attn_numel_q(&p), nkv = attn_numel_kv(&p);
+            uint16_t *const tensors[4] = { f.t.o, f.t.dq, f.t.dk, f.t.dv };
+            const size_t sizes[4] = { nq, nq, nkv, nkv };
+            const int index[4] = { 0, 2, 3, 4 };   /* in c[]: O, L, dQ, dK, dV */
+            for (int k = 0; k < 4; k++)
+                for (int sign = -1; sign <= 1; sign += 2) {
+                    test_round_ref(&f.t, &f.r, 1);
+                    scale16(tensors[k], sizes[k], 1.0 + sign * 0.02, p.dtype);
+                    cr_assert_eq(fails_of(&f, c, &nc), 1, "%s x%.2f at N = %d (%s) passed",
+                                 attn_tensor_name(c[index[k]].kind), 1.0 + sign * 0.02, N,
+                                 dt ? "fp16" : "bf16");
+                    cr_assert(c[index[k]].nw_fail, "%s x%.2f: not caught by the norm-wise bound",
+                              attn_tensor_name(c[index[k]].kind), 1.0 + sign * 0.02);
+                }
+            /* L + 0.01 */
+            test_round_ref(&f.t, &f.r, 1);
+            for (size_t i = 0; i < attn_numel_lse(&p); i++) f.t.lse[i] += 0.01f;
+            cr_assert_eq(fails_of(&f, c, &nc), 1, "L + 0.01 at N = %d passed", N);
+            cr_assert_eq(c[1].mismatches, c[1].checked);
+            /* L + 0.02, and the gradients a backward computes from it */
+            test_round_ref(&f.t, &f.r, 1);
+            for (size_t i = 0; i < attn_numel_lse(&p); i++) f.t.lse[i] += 0.02f;
+            scale16(f.t.dv, nkv, exp(-0.02), p.dtype);
+            scale16(f.t.dq, nq, exp(-0.02), p.dtype);
+            scale16(f.t.dk, nkv, exp(-0.02), p.dtype);
+            cr_assert_eq(fails_of(&f, c, &nc), 4, "L + 0.02 with its gradients at N = %d: %d of L, "
+                         "dQ, dK, dV failed", N, fails_of(&f, c, &nc));
+            teardown(&f);
+        }
+}
+
 /* ---- calibration: what a correct tensor-core kernel does to the numbers -------------- */
 
 static float rnd(float x, attn_dtype t) { return attn_to_f32(attn_from_f32(x, t), t); }
@@ -217,9 +275,17 @@ Test(check, emulated_tensor_core_kernel_passes, .timeout = 120)
             fails = attn_compare_all(c, &nc, &t, ATTN_FORWARD, &r, NULL);
         char desc[200];
         attn_problem_str(&p, "emulated", ATTN_BACKWARD, desc, sizeof desc);
-        cr_log_info("%s input %d: worst err/tol O %.2f L %.2f dQ %.2f dK %.2f dV %.2f", desc,
-                    (int)cases[ci].kind, c[0].worst, c[1].worst, nc > 2 ? c[2].worst : 0.0,
-                    nc > 2 ? c[3].worst : 0.0, nc > 2 ? c[4].worst : 0.0);
+        cr_log_info("%s input %d: worst err/tol O %.2f L %.2f dQ %.2f dK %.2f dV %.2f; norm-wise / "
+                    "bound O %.2f dQ %.2f dK %.2f dV %.2f", desc, (int)cases[ci].kind, c[0].worst,
+                    c[1].worst, nc > 2 ? c[2].worst : 0.0, nc > 2 ? c[3].worst : 0.0,
+                    nc > 2 ? c[4].worst : 0.0, c[0].normwise / c[0].nw_bound,
+                    nc > 2 ? c[2].normwise / c[2].nw_bound : 0.0, nc > 2 ? c[3].normwise / c[3].nw_bound : 0.0,
+                    nc > 2 ? c[4].normwise / c[4].nw_bound : 0.0);
+        for (int i = 0; i < nc; i++)   /* a correct kernel keeps well inside both bounds */
+            cr_assert(c[i].worst <= 0.7 && (c[i].nw_bound == 0 || c[i].normwise <= 0.7 * c[i].nw_bound),
+                      "%s input %d: %s uses %.2f of the element-wise and %.2f of the norm-wise bound",
+                      desc, (int)cases[ci].kind, attn_tensor_name(c[i].kind), c[i].worst,
+                      c[i].nw_bound > 0 ? c[i].normwise / c[i].nw_bound : 0.0);
         if (fails)
             for (int i = 0; i < nc; i++) attn_cmp_print(stderr, &c[i]);
         cr_assert_eq(fails, 0, "%s: a correct 16-bit kernel must pass", desc);

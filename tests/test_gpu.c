@@ -120,6 +120,50 @@ static void print_cmp(const char *what, const attn_cmp *c, int nc)
     for (int i = 0; i < nc; i++) attn_cmp_print(stderr, &c[i]);
 }
 
+/* A stage that refused every shape would pass every test that skips refusals: each stage the
+ * GPU can run (its min_sm) must run a plain shape, forward and (if it has one) backward, and
+ * pass it against the oracle. */
+Test(gpu, every_stage_runs_a_plain_shape, .timeout = 300)
+{
+    need_gpu();
+    struct cudaDeviceProp prop;
+    cr_assert_eq(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    const int sm = prop.major * 10 + prop.minor;
+    attn_problem p = test_problem(1, 2, 2, 255, 255, 64, 1);
+    attn_host in;
+    cr_assert_eq(attn_host_alloc(&in, &p, 1), 0);
+    attn_host_fill(&in, test_seed(4000), ATTN_INPUT_NORMAL);
+    attn_ref r;
+    cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
+    int nall = attn_nstages + (attn_baseline ? 1 : 0), failures = 0;
+    for (int si = 0; si < nall; si++) {
+        const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
+        /* sm_90a code runs on compute capability 9.0 only (the stages' check says so) */
+        if (sm < st->min_sm || (st->min_sm >= 90 && sm != 90)) continue;
+        for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++) {
+            attn_host t;
+            cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+            copy_inputs(&t, &in);
+            attn_run_info info;
+            attn_run_opts opts = { 0, 1 };
+            const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
+            attn_cmp c[5];
+            int nc;
+            if (rs != ATTN_RUN_OK) {
+                fprintf(stderr, "%s %s: did not run: %s\n", st->name, dir ? "backward" : "forward", info.why);
+                failures++;
+            } else if (attn_compare_all(c, &nc, &t, (attn_dir)dir, &r, NULL)) {
+                print_cmp(st->name, c, nc);
+                failures++;
+            }
+            attn_host_free(&t);
+        }
+    }
+    attn_ref_free(&r);
+    attn_host_free(&in);
+    cr_assert_eq(failures, 0, "%d stage runs of the plain shape refused or failed", failures);
+}
+
 ParameterizedTest(gcase *gc, gpu, against_oracle, .timeout = 600)
 {
     need_gpu();
