@@ -247,7 +247,8 @@ sources() {
         same=1 first= files= each=
         for f in "$@"; do
             g=$(gpu_of "$f")
-            r=$(runs_of "$f" | awk -F '\t' '{ printf "%s%s (%s)", (NR > 1 ? ", " : ""), $1, $2 } END { if (NR > 1) printf "\t%d", NR }')
+            # the first and the last run's date; the .runs file lists them all
+            r=$(runs_of "$f" | awk -F '\t' -v list="$q$f.runs$q" 'NR == 1 { a = $1 } { b = $1 } END { if (NR > 1) printf "%s to %s (each run: %s)\t%d", a, b, list, NR; else printf "%s", a }')
             k=; case $r in *"$TAB"*) k=${r##*"$TAB"} r=${r%"$TAB"*} ;; esac
             if [ -z "$first" ]; then first="$g|$k|$r"
             elif [ "$first" != "$g|$k|$r" ]; then same=0; fi
@@ -259,7 +260,7 @@ sources() {
                 each="$each${each:+; }$q$f$q ($g, rows of $d${c:+, commit $c})"
             fi
         done
-        if [ "$same" = 1 ]; then echo "$g, rows of $k $mb runs merged in $files: $r"
+        if [ "$same" = 1 ]; then echo "$g, rows of $k $mb runs merged in $files, $r"
         else echo "rows of several $mb runs: $each"; fi
         return
     fi
