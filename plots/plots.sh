@@ -43,10 +43,11 @@
 #   tflops_{forward,backward}_d{64,128}.png  TFLOP/s vs N, one line per stage, cuBLAS and the
 #       two PyTorch anchors (dashed); left non-causal, right causal; dotted: the GEMM ceiling,
 #       labelled with its source (see CEILINGS)
-#   speedup.png        each step of the ladder, time of the stage before / time of the stage,
-#       in the colour of the stage the step introduces (forward and backward, d = 128,
-#       non-causal; "the stage before" is the last one with rows in that direction, so the
-#       backward of 04_backward is over 01_naive's); dashed: the tensor-core stages over
+#   speedup.png        each step of the ladder, time of the parent / time of the stage, in the
+#       colour of the stage the step introduces (forward and backward, d = 128, non-causal; the
+#       parent is the stage the header names, plots/stage_diff.sh --parents, or where it has no
+#       rows in that direction its nearest ancestor with some, so the backward of 04_backward
+#       is over 01_naive's and 10_block_sparse is over 06_fa2); dashed: the tensor-core stages over
 #       cuBLAS (TC_STAGES). A stage without rows in a direction has no step there (07_wgmma
 #       is forward only: its step is 06_fa2 -> 07_wgmma forward, and the backward panel ends
 #       at 06_fa2). A step whose ratio is within 1% of 1 at every N (04_backward's forward,
@@ -248,20 +249,20 @@ sources() {
         for f in "$@"; do
             g=$(gpu_of "$f")
             # the first and the last run's date; the .runs file lists them all
-            r=$(runs_of "$f" | awk -F '\t' -v list="$q$f.runs$q" 'NR == 1 { a = $1 } { b = $1 } END { if (NR > 1) printf "%s to %s (each run: %s)\t%d", a, b, list, NR; else printf "%s", a }')
+            r=$(runs_of "$f" | awk -F '\t' 'NR == 1 { a = $1 } { b = $1 } END { if (NR > 1) printf "%s to %s\t%d", a, b, NR; else printf "%s", a }')
             k=; case $r in *"$TAB"*) k=${r##*"$TAB"} r=${r%"$TAB"*} ;; esac
             if [ -z "$first" ]; then first="$g|$k|$r"
             elif [ "$first" != "$g|$k|$r" ]; then same=0; fi
             [ -n "$k" ] || same=0
             files="$files${files:+ and }$q$f$q"
-            if [ -n "$k" ]; then each="$each${each:+; }$q$f$q ($g, $k runs merged: $r)"
+            if [ -n "$k" ]; then each="$each${each:+; }$q$f$q ($k runs, $r)"
             else
                 c=$(commit_of "$f") d=$(rows_date "$f")
                 each="$each${each:+; }$q$f$q ($g, rows of $d${c:+, commit $c})"
             fi
         done
-        if [ "$same" = 1 ]; then echo "$g, rows of $k $mb runs merged in $files, $r"
-        else echo "rows of several $mb runs: $each"; fi
+        if [ "$same" = 1 ]; then echo "$g, rows of $k $mb runs merged in $files, $r (each run: $q$f.runs$q)"
+        else echo "$g, rows of several $mb runs: $each"; fi
         return
     fi
     one=1 first= files= each= n=0
@@ -314,21 +315,12 @@ mkdir -p "$PLOTS_DIR" || exit 2
 GPU_NAME=$(gpu_of "$MAIN")
 DATE=$(rows_date "$MAIN")
 # the SOURCES line closing each figure's heading: the sweep; the sweep and the long-context
-# runs (workspace.png); the long-context runs; the bytes. A line that names several runs is
-# too long for one line of a heading: it is broken before each file's list of runs, between
-# files, and after every second run of a list ("\n").
+# runs (workspace.png); the long-context runs; the bytes. A heading line of several files is
+# broken between them ("\n").
 fig_sources() {
     case $1 in
-        *" runs merged"*) printf '%s\n' "$1" | sed 's/\( runs merged in [^:]*\): /\1:\\n/; s/^\(rows of several [^:]*\): /\1:\\n/
-                                     s/\( runs merged\): /\1:\\n/g; s/); /);\\n/g' |
-            awk '{ n = split($0, part, /\), /); out = part[1]; k = 0
-                   for (i = 2; i <= n; i++) {   # a run begins with its date
-                       sep = "), "
-                       if (part[i] ~ /^[0-9][0-9][0-9][0-9]-/ && ++k % 2 == 0) sep = "),\\n"
-                       out = out sep part[i]
-                   }
-                   print out }' ;;
-        *) printf '%s\n' "$1" ;;
+        *"rows of several"*) printf '%s\n' "$1" | sed 's/runs: /runs:\\n/; s/); /);\\n/g' ;;
+        *) printf '%s\n' "$1" | sed 's/ (each run: [^)]*)$//' ;;   # the tables' captions name the .runs file
     esac
 }
 SRC_MAIN=$(fig_sources "$(sources "$MAIN")")
@@ -368,7 +360,7 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
 # sort orders by file then N, the last awk writes the files; "title", "same" and "ceiling"
 # lines go to DAT/titles, DAT/same and DAT/ceiling.
 {
-    awk -F, -v order="$ORDER" -v tc="$TC_STAGES" '
+    awk -F, -v order="$ORDER" -v tc="$TC_STAGES" -v parents="$(sh plots/stage_diff.sh --parents | tr "\n" " ")" '
         function put(prefix, stage, n, y) { val[prefix "__" stage, n] = y }
         # the step from stage p to stage s in direction dir: time_p / time_s at every N where
         # both ran; kind su (the ladder) or suc (over cuBLAS)
@@ -398,14 +390,18 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
         END {
             m = split(order, stage, " ")
             nt = split(tc, tcs, " ")
+            np = split(parents, pl, " ")
+            for (i = 1; i + 1 <= np; i += 2) if (pl[i + 1] != "-") parent[pl[i]] = pl[i + 1]
             for (di = 1; di <= 2; di++) {
                 dir = di == 1 ? "forward" : "backward"
-                prev = ""
                 for (i = 1; i <= m; i++) {
                     s = stage[i]
                     if (s !~ /^[0-9][0-9]_/ || !((dir, s) in has)) continue
-                    if (prev != "") step(dir, s, prev, "su")
-                    prev = s
+                    # the stage over its parent (the stage its header names), or over the
+                    # nearest ancestor with rows in this direction (04_backward over 01_naive)
+                    p = (s in parent) ? parent[s] : ""
+                    while (p != "" && !((dir, p) in has)) p = (p in parent) ? parent[p] : ""
+                    if (p != "") step(dir, s, p, "su")
                 }
                 for (i = 1; i <= nt; i++)
                     if ((dir, tcs[i]) in has && (dir, "cublas") in has) step(dir, tcs[i], "cublas", "suc")
@@ -721,7 +717,7 @@ done
 begin
 p=0
 for dir in forward backward; do
-    panel "$p" "$dir" "speedup (x): time before / time after" "%g" 2
+    panel "$p" "$dir" "speedup (x): parent's time / stage's time" "%g" 2
     for s in $ORDER; do
         i=$(lt_of "$s")
         t=$(awk -v p="su_$dir" -v s="$s" '$1 == p && $2 == s { $1 = ""; $2 = ""; sub(/^ +/, ""); print }' "$DAT/titles")
@@ -737,7 +733,7 @@ for dir in forward backward; do
     [ -z "$same_note" ] || note "$p" "not drawn, within 1% of 1 at every N: $same_note"
     p=$((p + 1))
 done
-draw "$PLOTS_DIR/speedup.png" "each step of the ladder: time of the stage before / time of the stage (dashed: of cuBLAS / of the stage)\nhead dim 128, non-causal, $shape\n$SRC_MAIN"
+draw "$PLOTS_DIR/speedup.png" "each stage over its parent: the parent's time / the stage's (dashed: cuBLAS's / the stage's); head dim 128, non-causal, $shape\n$SRC_MAIN"
 
 # io_same_hardware.png: standard attention on the tensor cores against FA-1 and FA-2
 begin
@@ -755,7 +751,7 @@ for dir in forward backward; do
     hline "$p" "$ceiling" "$ceiling_title" "$ceiling_label"
     p=$((p + 1))
 done
-draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware (tensor cores, bf16): standard attention (cuBLAS, S and P in HBM)\nvs FA-1 (05_tensor_cores), FA-2 (06_fa2) and FA-2's forward on wgmma (07_wgmma, no backward)\nhead dim 128, 16384 tokens (B = 16384/N), H = 16; causal dashed (TFLOP/s of the visible half)\n$SRC_MAIN"
+draw "$PLOTS_DIR/io_same_hardware.png" "the IO lesson on equal hardware: standard attention (cuBLAS, S and P in HBM) vs FA-1 (05), FA-2 (06), FA-2 on wgmma (07); d = 128, bf16, B = 16384/N, H = 16; causal dashed\n$SRC_MAIN"
 
 # bytes.png: measured DRAM bytes against the models
 if [ -n "$BYTES" ]; then
@@ -857,13 +853,13 @@ if [ -n "$LONG" ]; then
     done
     # the heading says which series there are (non-causal alone: as it read before them)
     case " $(echo $sers) " in
-        " c0 ") head="long context: B = 1, H = 16, head dim 128, non-causal, bf16; where a stage stopped (on the N^2 continuation of its line):" ;;
+        " c0 ") head="long context: B = 1, H = 16, head dim 128, non-causal, bf16" ;;
         *) how="solid non-causal"
-           case " $(echo $sers) " in *" c1 "*) how="$how, dashed causal (open points)" ;; esac
-           case " $(echo $sers) " in *" c"[01]w*) how="$how, dotted a sliding window (squares)" ;; esac
-           head="long context: B = 1, H = 16, head dim 128, bf16: $how;\nwhere a stage stopped, on the continuation of its line (N^2; N for a window):" ;;
+           case " $(echo $sers) " in *" c1 "*) how="$how, dashed causal" ;; esac
+           case " $(echo $sers) " in *" c"[01]w*) how="$how, dotted a sliding window" ;; esac
+           head="long context, B = 1, H = 16, d = 128, bf16: $how" ;;
     esac
-    draw "$PLOTS_DIR/long_context.png" "$head\nx refused or failed, o not run: the bench's prediction of the call passed its time cap\n$SRC_LONG"
+    draw "$PLOTS_DIR/long_context.png" "$head; on a line's continuation: x refused, o over the time cap\n$SRC_LONG"
 fi
 # masks.png: time per call against the visible fraction of the pairs (see the top)
 if [ -n "$MASKS" ]; then
@@ -885,14 +881,16 @@ if [ -n "$MASKS" ]; then
         for ud in up down; do
             f=$DAT/mk_${dir}_$ud.dat
             [ -s "$f" ] || continue
-            [ "$ud" = up ] && off="0, 1.2" || off="0, -1.2"
-            echo "'$f' using 1:2:3 with labels center offset $off font ',9' tc rgb '#444444' notitle" >> "$DAT/p$p.items"
+            # the non-causal masks' names to the left of their points, the causal ones' to the
+            # right of theirs, so that two masks of about one fraction do not collide
+            [ "$ud" = up ] && pos="right offset -1.2, 0.4" || pos="left offset 1.2, -0.4"
+            echo "'$f' using 1:2:3 with labels $pos font ',9' tc rgb '#444444' notitle" >> "$DAT/p$p.items"
         done
         [ ! -s "$DAT/mkticks" ] || cp "$DAT/mkticks" "$DAT/p$p.nlist"
         p=$((p + 1))
     done
     mshape=$(awk -F, 'NR > 1 && $10 > 0 { printf "B = %s, H = %s, head dim %s, N = %s, %s", $5, $6, $10, $8, $4; exit }' "$MASKS")
-    XKIND=fraction draw "$PLOTS_DIR/masks.png" "block-sparse masks: time per call against the fraction of (query, key) pairs the mask leaves visible; $mshape\nlines: the non-causal masks (dense, random block masks), open points: the causal ones (dense causal, sliding window);\ndotted: $MASKS_REF's dense time x the fraction (a block-sparse kernel at dense FA-2's speed on the visible pairs)\n$SRC_MASKS"
+    XKIND=fraction draw "$PLOTS_DIR/masks.png" "block-sparse masks, $mshape: time per call vs the visible fraction of (query, key) pairs; open points: causal masks; dotted: $MASKS_REF's dense time x the fraction\n$SRC_MASKS"
 fi
 # stage 8's pipeline timeline, from the traces of this GPU (plots/timeline.sh; no trace: no figure)
 traces=$(ls plots/results/trace/"$(basename "$MAIN" .csv)"-*.csv 2>/dev/null)

@@ -8,6 +8,7 @@
 #   sh plots/stage_diff.sh --table  the Markdown table: stage, parent, lines added / removed in
 #                                   that diff, lines of common/ it adds, the idea (the stage's
 #                                   one-line summary, the second field of its attn_stage)
+#   sh plots/stage_diff.sh --parents  "STAGE PARENT" of every stage, one a line
 #   sh plots/stage_diff.sh --update FILE   regenerate FILE's block between `<!-- diffs:begin -->`
 #                                   and `<!-- diffs:end -->` with the table
 # The parent is the stage the header names after "Changed from" in its first lines, else the
@@ -141,6 +142,12 @@ table() {
 
 case ${1:-} in
     --table) table ;;
+    --parents)   # "STAGE PARENT", one a line (plots/plots.sh: speedup.png's steps)
+        for d in "$S"/[0-9][0-9]_*/; do
+            d=${d%/}
+            p=$(parent "$d")
+            echo "$(basename "$d") $([ -n "$p" ] && basename "$p" || echo -)"
+        done ;;
     --update)
         shift
         for f in "$@"; do
