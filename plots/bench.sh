@@ -228,7 +228,7 @@ if [ "${PART:-}" = hopper ]; then
     DIMS=${DIMS:-"64 128 256"} NS=${NS:-"2048 4096 8192 16384"} DIRS=${DIRS:-forward}
     SWEEP=1 LONG=0 MASKS=0 MERGE=0
     BENCH_CSV=${BENCH_CSV:-}
-    PART_SUFFIX=-hopper
+    PART_SUFFIX=-hopper PART_NAME=hopper
 fi
 filtered=0
 for v in "${STAGES:-}" "${NS:-}" "${DIMS:-}" "${CAUSALS:-}" "${DIRS:-}" "${LONG_NS:-}" \
@@ -442,6 +442,15 @@ pattern_args() {
 }
 
 count_words() { echo $# ; }
+# progress PART I TOTAL: "[PART I/TOTAL, 1m05s, ~3m20s left]": the part's elapsed time since
+# part_start and its estimate of the rest (elapsed / (I - 1) a point so far)
+part_start() { PART_T0=$(date +%s); }
+progress() {
+    now=$(date +%s); el=$((now - PART_T0))
+    left=; [ "$2" -gt 1 ] && left=", ~$(fmt_s $((el * ($3 - $2 + 1) / ($2 - 1)))) left"
+    printf '[%s %d/%d, %s%s]' "$1" "$2" "$3" "$(fmt_s "$el")" "$left"
+}
+fmt_s() { if [ "$1" -ge 60 ]; then printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); else printf '%ds' "$1"; fi; }
 # reverse_words W...: the words in reverse order
 reverse_words() { r=; for w in "$@"; do r="$w${r:+ $r}"; done; echo "$r"; }
 
@@ -461,7 +470,7 @@ long_causals=$(echo $LONG_CAUSALS)   # words only; blank: the window series alon
 LONG_RUN_LINE="$RUN_LINE; long causal ${long_causals:-none (the window series only)}, window $LONG_WINDOW; long N $LONG_NS"
 MASKS_RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${flex_anchor:-none}; dirs $DIRS; masks $MASK_PATTERNS; N $MASKS_N, B $MASKS_B, H $MASKS_H, d $MASKS_D; clock settled"
 if [ "$SWEEP" != 0 ]; then
-    start_csv "$CSV"
+    start_csv "$CSV"; part_start
     total=$(( $(count_words $programs) * $(count_words $DIRS) * $(count_words $DIMS) *
               $(count_words $CAUSALS) * $(count_words $NS) ))
     i=0
@@ -473,8 +482,8 @@ if [ "$SWEEP" != 0 ]; then
                     for n in $NS; do
                         i=$((i + 1))
                         b=$((TOKENS / n)) h=$((HIDDEN / dim))
-                        printf '[%d/%d] %s %s d=%s N=%s causal=%s ... ' \
-                            "$i" "$total" "$stage" "$dir" "$dim" "$n" "$causal"
+                        printf '%s %s %s d=%s N=%s causal=%s ... ' \
+                            "$(progress "${PART_NAME:-sweep}" "$i" "$total")" "$stage" "$dir" "$dim" "$n" "$causal"
                         # A stage without a backward pass says so once; its other backward
                         # points get the same refused row without paying for a run each.
                         if [ "$dir" = backward ] && [ -n "$no_backward" ]; then
@@ -501,7 +510,7 @@ fi
 # masks the causal sliding window), each forward and backward, N up while the calls fit.
 
 if [ "$LONG" != 0 ]; then
-    start_csv "$LONG_CSV" "$LONG_RUN_LINE"
+    start_csv "$LONG_CSV" "$LONG_RUN_LINE"; part_start
     # the series, "causal:window" each: LONG_CAUSALS without a window, then the window's
     series=
     for c in $LONG_CAUSALS; do series="$series $c:0"; done
@@ -534,8 +543,8 @@ if [ "$LONG" != 0 ]; then
                 for n in $ns; do
                     i=$((i + 1))
                     if [ -n "$stopped" ]; then continue; fi
-                    printf '[long %d/%d] %s %s %s B=%s H=%s d=%s N=%s ... ' \
-                        "$i" "$total" "$stage" "$dir" "$what" "$LONG_B" "$LONG_H" "$LONG_D" "$n"
+                    printf '%s %s %s %s B=%s H=%s d=%s N=%s ... ' \
+                        "$(progress long "$i" "$total")" "$stage" "$dir" "$what" "$LONG_B" "$LONG_H" "$LONG_D" "$n"
                     # The time a call of this N would take, from the last N's (x growth).
                     if [ -n "${last_ms:-}" ] && awk -v ms="$last_ms" -v g="$growth" -v cap="$LONG_MAX_CALL_S" \
                             'BEGIN { exit !(g * ms / 1000 > cap) }'; then
@@ -572,7 +581,7 @@ fi
 # and torch_flex on the same masks (the block masks the stages' runs saved).
 
 if [ "$MASKS" != 0 ]; then
-    start_csv "$MASKS_CSV" "$MASKS_RUN_LINE"
+    start_csv "$MASKS_CSV" "$MASKS_RUN_LINE"; part_start
     mask_programs_probe
     npat=0 nmasked=0
     for pat in $MASK_PATTERNS; do
@@ -590,8 +599,8 @@ if [ "$MASKS" != 0 ]; then
                 pattern_args "$pat" >/dev/null || continue
                 if [ -n "$PA_FLAGS" ] && ! has_masks "$stage"; then continue; fi
                 i=$((i + 1))
-                printf '[masks %d/%d] %s %s %s B=%s H=%s d=%s N=%s ... ' \
-                    "$i" "$total" "$stage" "$dir" "$pat" "$MASKS_B" "$MASKS_H" "$MASKS_D" "$MASKS_N"
+                printf '%s %s %s %s B=%s H=%s d=%s N=%s ... ' \
+                    "$(progress masks "$i" "$total")" "$stage" "$dir" "$pat" "$MASKS_B" "$MASKS_H" "$MASKS_D" "$MASKS_N"
                 # The first run of a block mask saves it, for torch_flex (--save writes the
                 # mask the run used as block_mask.npy, with the tensors, which go at once).
                 file=$WORK/mask-$(printf '%s' "$pat" | tr -c 'A-Za-z0-9._-' '_').npy
