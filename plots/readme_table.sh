@@ -87,7 +87,7 @@ table() {
     [ -z "$RUNS" ] || when=$(printf '%s\n' "$RUNS" | awk -F '\t' '$1 == "ceiling_gemm" { print "the run of " $3 }')
     # the caption: two italic lines, a blank line between them: what the cells are, then where
     # they come from
-    printf '%s' "*bf16, head dim $TABLE_D, N = $TABLE_N (B = $b, H = $h), TFLOP/s (median); longest N: in the long-context runs (B = 1, H = 16); "
+    printf '%s' "*bf16, head dim $TABLE_D, N = $TABLE_N (B = $b, H = $h), TFLOP/s (median); longest N: in the long-context runs (B = 1, H = 16), and what stopped them (time: the next call would pass the bench's budget; memory; cap: the bench's last N); "
     if [ -n "$ceil" ]; then
         echo "$ceil" | awk -v when="${when:-a run the CSV does not name}" '{ printf "%% of GEMM ceiling: non-causal TFLOP/s over the %.0f TFLOP/s of a %s %d³ GEMM through torch.matmul, timed in %s (`ceiling_gemm`)", $1, $3, $2, when }'
     else
@@ -123,7 +123,16 @@ table() {
             if (st[a] != "ok" || st[b] != "ok" || t[b] <= 0) return "-"
             return sprintf("%.2f×", t[a] / t[b])
         }
-        function longest(s, dir) { return (s SUBSEP dir) in maxn ? maxn[s, dir] : "-" }
+        # the longest N and what stopped the series there: the next N would pass the time budget
+        # of a call of the bench ("time"), did not fit in memory ("memory"), failed, or the bench
+        # asks for no larger N of it ("cap": the anchors stop at 131072, the stages at 1048576)
+        function longest(s, dir,   k, why) {
+            k = s SUBSEP dir
+            if (!(k in maxn)) return "-"
+            if (!(k in nextst)) why = maxn[k] == (s ~ /^torch_/ ? 131072 : 1048576) ? "cap" : "no row past it"
+            else why = nextst[k] == "skipped" ? "time" : nextnote[k] ~ /needs .*GiB|memory/ ? "memory" : nextst[k]
+            return maxn[k] " (" why ")"
+        }
         # non-causal TFLOP/s over the GEMM ceiling, in percent: two significant digits
         function pct(s, dir,   k, x) {
             k = s SUBSEP dir SUBSEP 0
@@ -135,7 +144,9 @@ table() {
         FILENAME != main {                     # the long-context CSV: its non-causal rows
             # (the causal and the sliding-window series, whose notes start "window=", reach
             # further: they are not this column)
-            if ($15 == "ok" && $11 == 0 && $16 !~ /^(window|mask|block-mask)=/ && $8 + 0 > maxn[$2, $3]) maxn[$2, $3] = $8 + 0
+            if ($11 != 0 || $16 ~ /^(window|mask|block-mask)=/) next
+            if ($15 == "ok" && $8 + 0 > maxn[$2, $3]) maxn[$2, $3] = $8 + 0
+            if ($15 != "ok") { lr[++nlr] = $2 SUBSEP $3; ln[nlr] = $8 + 0; ls[nlr] = $15; lt[nlr] = $16 }
             next
         }
         $10 == d && $8 == n {
@@ -143,6 +154,11 @@ table() {
             st[k] = $15; t[k] = $13; ws[k] = $14; seen[$2] = 1
         }
         END {
+            # the first N past the longest that did not run, per series
+            for (i = 1; i <= nlr; i++)
+                if ((lr[i] in maxn) && ln[i] > maxn[lr[i]] && (!(lr[i] in nextn) || ln[i] < nextn[lr[i]])) {
+                    nextn[lr[i]] = ln[i]; nextst[lr[i]] = ls[i]; nextnote[lr[i]] = lt[i]
+                }
             for (s in seen) {
                 rank = s ~ /^[0-9]/ ? 0 : s == "cublas" ? 1 : s == "torch_flash" ? 2 : s == "torch_cudnn" ? 3 : 4
                 printf "%d %s\t| %s | %s | %s | %s | %s |%s %s / %s | %s / %s | %s / %s |\n", rank, s, s,
