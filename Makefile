@@ -13,7 +13,8 @@
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
 #   make bench / plots    plots/bench.sh (the sweep, long context, masks; then PART=hopper: the
 #                         Hopper stages at d = 64, 128, 256) and plots/bytes.sh (GPU);
-#                         plots/plots.sh. make bench PART=hopper: that part alone
+#                         plots/plots.sh. make bench PART=sweep|long|masks|hopper: that part
+#                         alone, its CSV replaced whole
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
 #   make ablation         plots/ablation.sh: stages 8 and 9 with each of their ideas built out
 #                         (build/ablation/), checked and timed (GPU)
@@ -186,6 +187,8 @@ sanitize: all
 bench: all
 ifeq ($(PART),hopper)
 	PART=hopper STAGES="$(HOPPER_STAGES) torch" sh plots/bench.sh
+else ifneq ($(PART),)
+	PART=$(PART) sh plots/bench.sh
 else
 	sh plots/bench.sh
 	PART=hopper STAGES="$(HOPPER_STAGES) torch" sh plots/bench.sh

@@ -31,12 +31,14 @@
 #
 # Usage:
 #   sh plots/bench.sh                      everything above, into fresh files
-#   STAGES="06_fa2 torch" DIMS=128 sh plots/bench.sh
-#                                          a subset, merged into the existing files
-#   STAGES="06_fa2 10_block_sparse torch_flex" SWEEP=0 LONG=0 sh plots/bench.sh
-#                                          the masks part alone
+#   PART=sweep|long|masks sh plots/bench.sh
+#                                          one part alone (make bench PART=...): its CSV is
+#                                          replaced whole, one run at one commit
 #   PART=hopper STAGES="07_wgmma 08_fa3 09_fa3_persistent torch" sh plots/bench.sh
 #                                          the Hopper stages' part alone (make bench PART=hopper)
+#   STAGES="06_fa2 torch" DIMS=128 RESULTS_DIR=/tmp/x sh plots/bench.sh
+#                                          a subset, for a look (a committed CSV holds one
+#                                          whole run: never merge rows of runs into it)
 #   sh plots/bench.sh --summary [CSV]      print the summary tables of a CSV, run nothing
 #
 # Environment (all optional):
@@ -60,7 +62,7 @@
 #   ANCHORS=0|1  skip / force the torch anchors            default: 1 unless STAGES omits torch
 #   MERGE=0|1  1: replace only the rows this run measured (same stage, direction, shape and
 #              mask: the note's window=, mask=, block-mask= fields, plots/masks.awk) and keep
-#              the rest; 0: fresh files.   default: 1 if any filter above is set
+#              the rest, for files that are not committed; 0: fresh files.   default: 0
 #   RESULTS_DIR  where the CSVs go (plots/results); BENCH_CSV, BENCH_LONG_CSV, BENCH_MASKS_CSV
 #              exact paths
 #   SEED (1), POINT_TIMEOUT seconds per program run (300), BUILD_DIR (build),
@@ -224,6 +226,13 @@ fi
 # PART=hopper: the Hopper stages' forward beside the anchors at d = 64, 128 and 256 (STAGES: the
 # Makefile passes them and torch), one run into <gpu>-hopper.csv (plots/hopper_tables.sh reads
 # it); the sweep's, long-context and masks files are left as they are.
+case ${PART:-} in
+    ""|hopper) ;;
+    sweep) SWEEP=1 LONG=0 MASKS=0 ;;
+    long)  SWEEP=0 LONG=1 MASKS=0 ;;
+    masks) SWEEP=0 LONG=0 MASKS=1 ;;
+    *) echo "bench: PART=$PART: one of sweep, long, masks, hopper" >&2; exit 2 ;;
+esac
 if [ "${PART:-}" = hopper ]; then
     DIMS=${DIMS:-"64 128 256"} NS=${NS:-"2048 4096 8192 16384"} DIRS=${DIRS:-forward}
     SWEEP=1 LONG=0 MASKS=0 MERGE=0
@@ -236,7 +245,7 @@ for v in "${STAGES:-}" "${NS:-}" "${DIMS:-}" "${CAUSALS:-}" "${DIRS:-}" "${LONG_
          "${MASKS_N:-}"; do
     [ -n "$v" ] && filtered=1
 done
-MERGE=${MERGE:-$filtered}
+MERGE=${MERGE:-0}   # a committed CSV is one whole run ($filtered: a subset was asked for)
 NS=${NS:-"512 1024 2048 4096 8192 16384"}
 DIMS=${DIMS:-"64 128"}
 CAUSALS=${CAUSALS:-"0 1"}
