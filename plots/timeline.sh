@@ -44,7 +44,10 @@ done
 {
     echo "set terminal $term size 1400,$((260 * n + 80)) font ',10'"
     echo "set output '$out'"
-    echo "set multiplot layout $n,1 title \"stage 8's pipeline, block 0 (query tile 0 of head 0), steps $FIRST-$LAST, d = 128, N = 8192: clock64 stamps of thread 0 of each warpgroup\" font ',11'"
+    # the source line: the traces' .runs file (date, GPU, commit: what was built and run)
+    runs=$(dirname "$1")/$(basename "$1" .csv | sed 's/-[a-z]*$//').runs
+    src=$(sed -n '1s/: .*//p' "$runs" 2>/dev/null)
+    printf '%s\n' "set multiplot layout $n,1 title \"stage 8's pipeline, block 0 (query tile 0 of head 0), steps $FIRST-$LAST, d = 128, N = 8192: clock64 stamps of thread 0 of each warpgroup\\n${src:-traces of an unrecorded run} (plots/results/trace/)\" font ',11'"
     echo "set termoption noenhanced"
     echo "set style fill solid 0.9 noborder"
     echo "set xlabel 'SM clock cycles'"
