@@ -350,7 +350,7 @@ static __device__ __forceinline__ int block_tile(const int *order)
  * the tail. With a causal window W, every tile from ceil((W - 1) / Br) on is as long as the
  * longest (its first row sees W keys): those go first, head after head in grid order, then the
  * short ones, longest first across all heads, so that the last wave is not whole tiles of a
- * few blocks (docs/10_block_sparse.md). Otherwise, and in the first section of a block mask's
+ * few blocks. Otherwise, and in the first section of a block mask's
  * order (ranks below sorted_from), tile blockIdx.x of head blockIdx.y. */
 static __device__ __forceinline__ int block_item(const attn_problem p, const int2 *order,
                                                  int sorted_from, int *b, int *h)
@@ -992,7 +992,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     /* The fold (tiled_backward): two steps, query tiles i0 (stage st = 0) and i_fold (stage
      * 1); warps wn < 2 (keys 0 .. Bc/2-1) take the first, the others the second. A test at
      * run time, in the copy with the mask only: a third copy of the step made the others
-     * slower (docs/10_block_sparse.md). */
+     * slower, measured. */
     const int fold = masked && 2 * br <= BWD_Bc && i_fold >= 0;
     const int sw = fold ? wn >= 2 : st, i_w = fold && wn >= 2 ? i_fold : i0;
     const uint32_t Q_i = QdO + sw * stage_bytes, dO_i = Q_i + br * row_bytes;
