@@ -274,11 +274,9 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
 #define WGMMA_W32(d)  WGMMA_W8(d), WGMMA_W8((d) + 8), WGMMA_W8((d) + 16), WGMMA_W8((d) + 24)
 #define WGMMA_W40(d)  WGMMA_W32(d), WGMMA_W8((d) + 32)
 #define WGMMA_W64(d)  WGMMA_W32(d), WGMMA_W32((d) + 32)
-#define WGMMA_W88(d)  WGMMA_W64(d), WGMMA_W8((d) + 64), WGMMA_W8((d) + 72), WGMMA_W8((d) + 80)
 #define WGMMA_D32(d)  WGMMA_D8(d), WGMMA_D8((d) + 8), WGMMA_D8((d) + 16), WGMMA_D8((d) + 24)
 #define WGMMA_D40(d)  WGMMA_D32(d), WGMMA_D8((d) + 32)
 #define WGMMA_D64(d)  WGMMA_D32(d), WGMMA_D32((d) + 32)
-#define WGMMA_D88(d)  WGMMA_D64(d), WGMMA_D8((d) + 64), WGMMA_D8((d) + 72), WGMMA_D8((d) + 80)
 #define WGMMA_D128(d) WGMMA_D64(d), WGMMA_D64((d) + 64)
 
 #define WGMMA_ACC_32 "{" \
@@ -293,13 +291,6 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define WGMMA_ACC_88 "{" \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87}"
 #define WGMMA_ACC_128 "{" \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -362,12 +353,11 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
                                  "r"(scale_d));                                                    \
     }
 
-/* m64n64k16, m64n80k16, m64n128k16 and m64n176k16 with both operands from shared memory
+/* m64n64k16, m64n80k16 and m64n128k16 with both operands from shared memory
  * (S = Q Kᵀ). */
 WGMMA_SS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, WGMMA_W32, "%32", "%33", "%34")
 WGMMA_SS_FN(80, 40, WGMMA_ACC_40, WGMMA_D40, WGMMA_W40, "%40", "%41", "%42")
 WGMMA_SS_FN(128, 64, WGMMA_ACC_64, WGMMA_D64, WGMMA_W64, "%64", "%65", "%66")
-WGMMA_SS_FN(176, 88, WGMMA_ACC_88, WGMMA_D88, WGMMA_W88, "%88", "%89", "%90")
 
 /* m64n64k16, m64n128k16 and m64n256k16 with A from registers (O += P V, N = d). */
 WGMMA_RS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, "%32", "%33", "%34", "%35", "%36", "%37")

@@ -8,7 +8,7 @@
 # Each stage is built once more for each of its ideas, with that idea built out
 # (make BUILD=build/ablation/<stage>-<idea> OFF=<idea>; the stage's header names its knobs):
 #   08_fa3             ws (a consumer thread loads, as in 07), pingpong, overlap
-#   09_fa3_persistent  persistent (one tile a block), tma_store (O stored as in 08), lazy, wide
+#   09_fa3_persistent  persistent (one tile a block), tma_store (O stored as in 08), lazy
 # Every build is checked against the float64 oracle first (three odd shapes, one per d); a
 # build that fails its check is not timed. Then, shape by shape, the stage as it is and its
 # builds run back to back (so that the columns of a row share the GPU's clock), at the sweep's
@@ -26,10 +26,10 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 
 ABLATIONS="08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
-09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy 09_fa3_persistent:wide"
+09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy"
 # per shape, each stage as it is ("stage:") and then its builds
 ORDER="08_fa3: 08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
-09_fa3_persistent: 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy 09_fa3_persistent:wide"
+09_fa3_persistent: 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy"
 # the shapes, d:causal:N: where ping-pong pays and where it does not
 SHAPES="128:0:2048 128:1:2048 128:0:8192 128:1:8192 64:0:8192 64:1:8192 256:0:8192 256:1:8192"
 TOKENS=16384        # the papers' protocol: B * N = 16384 tokens ...

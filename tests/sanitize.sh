@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every stage program,
 # forward and backward, at small odd shapes: the 300-token ones big enough that tiled stages also
-# run tiles that need no mask; the 353-token one more than two of stage 9's 176-key tiles (and
-# the 4100-token causal one its causal ones) where a knob build asks for them; the 700-token one
-# more query tiles than an H200 has SMs, so that a persistent grid's blocks walk several; the
-# head dim 256 one only the Hopper stages run; the last four, two windows and two block masks,
-# only the stages with masks (the second window, at head dim 128 without GQA, is where stage 10
-# folds a window's edge steps in both directions; the second mask has more heads than the first
-# section of stage 10's forward order holds, so that its forward starts while the order is made).
+# run tiles that need no mask; the 700-token one more query tiles than an H200 has SMs, so that a
+# persistent grid's blocks walk several; the head dim 256 one only the Hopper stages run; the
+# last four, two windows and two block masks, only the stages with masks (at head dims 64 and
+# 128, with and without GQA).
 # Any finding fails; a shape a stage refuses (exit 2, e.g. a stage without a backward pass) is
 # reported as skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)

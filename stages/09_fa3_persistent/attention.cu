@@ -10,15 +10,13 @@
  *   by one bulk tensor store per box, while the producer already loads the next tile.
  * - Lazy rescaling (FlashAttention-4's, d = 128 and 256): O is rescaled only when a row's max
  *   grows past 2^8, so most steps skip the d / 2 multiplications.
- * - The key tile: 176 keys at d = 128 from N_k = 8192 (causal 16384), FA-3's, K_{j+1} loaded
- *   before V_j; a wider tile spreads each step's fixed work over more keys.
  * Each can be built out for the ablation (make ablation; docs/09_fa3_persistent.md):
- *   make build/09_fa3_persistent OFF=persistent|tma_store|lazy|wide (a list).
+ *   make build/09_fa3_persistent OFF=persistent|tma_store|lazy (a list).
  * Why: at 08's speed a block's start and end, and each step's max, rescale and turn, are what
  *   is left between the tensor cores and their peak. Expected: past cuDNN's forward from
  *   N = 2048 at d = 64, 128 and 256 (docs/09_fa3_persistent.md).
  * Memory: L, and an int (the tile counter). Shared memory: 192 KiB at d = 128 (two Q_i, 128
- *   keys), 208 KiB with 176 keys, 224 KiB at d = 256, 112 KiB at d = 64 (with O's tile). sm_90a.
+ *   keys), 224 KiB at d = 256, 112 KiB at d = 64 (with O's tile). sm_90a.
  *
  * Run: make build/09_fa3_persistent && build/09_fa3_persistent --seqlen 8192 --dim 128 --check --bench
  *      make build/09_fa3_persistent OFF=persistent   (the same stage, one tile a block)
@@ -32,7 +30,7 @@
 
 #define QUAD    4     /* lanes that share a row of an accumulator */
 #define Br(d)   ((d) == 64 ? 192 : 128)   /* query rows per block: a Q_i tile */
-#define BC_MAX  176   /* keys per K_j, V_j tile at most: key_tile() */
+#define Bc(d)   ((d) <= 128 ? 128 : 80)   /* keys per K_j, V_j tile */
 #define CONSUMERS(d) (Br(d) / WG_ROWS)    /* consumer warpgroups, 64 query rows each */
 #define THREADS(d) ((1 + CONSUMERS(d)) * WARPGROUP)   /* and the producer (warpgroup 0) */
 #define STAGES  2     /* K_j (and V_j) buffers in each ring */
@@ -59,7 +57,7 @@
 #ifndef OVERLAP   /* knob: OFF=overlap, the softmax waits for both products */
 #define OVERLAP 1
 #endif
-/* This stage's four, likewise. */
+/* This stage's three, likewise. */
 #ifndef PERSISTENT   /* knob: OFF=persistent, one query tile a block */
 #define PERSISTENT 1
 #endif
@@ -69,25 +67,13 @@
 #ifndef LAZY   /* knob: OFF=lazy, O rescaled at every step */
 #define LAZY 1
 #endif
-#ifndef WIDE   /* knob: OFF=wide, 128 keys at every N */
-#define WIDE 1
-#endif
 
-/* Keys per K_j, V_j tile: 128, and FA-3's 176 at d = 128 and 80 at d = 256, where a wider tile
- * spreads each step's fixed work (row max, rescaling O, the turn, the waits) over more keys.
- * At d = 128 the 176-key tile pays only from 8192 keys (16384 with a causal mask, whose
- * diagonal it widens): below, its partial last tile (2048 = 11 x 176 + 112) costs more than it
- * saves (docs/09_fa3_persistent.md). A literal in each kernel: bc. */
-static __host__ __forceinline__ int key_tile(int d, int causal, int N_k)
-{
-    return WIDE && d == 128 && N_k >= (causal ? 16384 : 8192) ? 176 : d <= 128 ? 128 : 80;
-}
 /* The share of L2 (50 MiB on the H200) that one section of the causal order's heads may fill
  * with K and V (tile_of): 16 MiB measured faster than 8 and 32. */
 #define L2_KV_BYTES (16u << 20)
 
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_BUFS x Q_i [Br][d];
- * STAGES x K_j [bc][d]; STAGES x V_j [bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its
+ * STAGES x K_j [Bc][d]; STAGES x V_j [Bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its
  * store: o_place); then the mbarriers: Q's full and empty ones (two of each), O's (its store
  * has read V's ring), and full K, full V, empty K, empty V, STAGES of each; then two ints, the
  * posted query tile. */
@@ -96,20 +82,20 @@ typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, em
 /* Q_i's buffers: two where shared memory has room for a second (d = 128 with 128-key tiles: 192
  * of 227 KiB), so that a walking block's next Q_i loads while its last tile still reads the
  * other; else one, reloaded once the last tile's S products are done. */
-#define Q_BUFS(d, bc) ((d) == 128 && (bc) == 128 ? 2 : 1)
-static __host__ __device__ __forceinline__ size_t smem_bytes(int d, int bc)
+#define Q_BUFS(d) ((d) == 128 ? 2 : 1)
+static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
 {
-    return (size_t)((Q_BUFS(d, bc) + (d == 64)) * Br(d) + STAGES * 2 * bc) * d * 2
+    return (size_t)((Q_BUFS(d) + (d == 64)) * Br(d) + STAGES * 2 * Bc(d)) * d * 2
            + (5 + 4 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
 }
 
-static __device__ __forceinline__ fa3_smem smem_layout(int d, int bc)
+static __device__ __forceinline__ fa3_smem smem_layout(int d)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     fa3_smem m;
-    const uint32_t tile = bc * d * 2;
+    const uint32_t tile = Bc(d) * d * 2;
     m.Q = smem_u32(smem);
-    m.K = m.Q + Q_BUFS(d, bc) * Br(d) * d * 2;
+    m.K = m.Q + Q_BUFS(d) * Br(d) * d * 2;
     m.V = m.K + STAGES * tile;
     m.O = m.V + STAGES * tile;   /* d = 64: O's own tile (o_place) */
     m.bar_q = m.O + (d == 64 ? Br(d) * d * 2 : 0);
@@ -157,9 +143,9 @@ static __device__ __forceinline__ uint32_t tile_at(int r, int c, int rows)
  * thread. */
 static __device__ __forceinline__ void load_tile(uint32_t ring, uint32_t full, uint32_t empty,
                                                  const CUtensorMap *map, int b, int h_kv, int j,
-                                                 int n, int d, int bc)
+                                                 int n, int d)
 {
-    const int tile_bytes = bc * d * 2, s = n % STAGES;
+    const int bc = Bc(d), tile_bytes = bc * d * 2, s = n % STAGES;
     mbar_wait(empty + 8 * s, (n / STAGES & 1) ^ 1);
     mbar_arrive_expect_tx(full + 8 * s, tile_bytes);
     for (int c = 0; c < d / BOX_COLS; c++)
@@ -230,9 +216,9 @@ static __device__ __forceinline__ int ring_parity(int n) { return n >> 1 & 1; }
  * consumers meet (BAR_ALL); at d = 64 its 192 rows outgrow a stage, and take a tile of their
  * own, free once the warpgroup's last store has read it. */
 static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, int walk, int n_o,
-                                                   const int d, const int bc)
+                                                   const int d)
 {
-    return !walk ? sm.Q : d == 64 ? sm.O : d == 256 ? sm.V : sm.V + ring_stage(n_o) * bc * d * 2;
+    return !walk ? sm.Q : d == 64 ? sm.O : d == 256 ? sm.V : sm.V + ring_stage(n_o) * Bc(d) * d * 2;
 }
 
 /* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
@@ -263,7 +249,7 @@ typedef struct {
 /* Step j of a consumer's loop: in its turn, issue S_j = Q_i K_jᵀ (has_s: j < Tc) and
  * O += P_{j-1} V_{j-1} (has_pv: j > 0); then the softmax of S_j, while the second product runs
  * (OVERLAP) or after it; then rescale O and pack P_j for the next step. has_s, has_pv, masked,
- * d, bc and fp16 are literals at each call: no wgmma sits behind a run-time branch (ptxas would
+ * d and fp16 are literals at each call: no wgmma sits behind a run-time branch (ptxas would
  * serialise them all, C7520), and no branch lies between the PV product and its wait (ptxas
  * puts the wait before the first branch it meets, so a run-time "if (tile needs a mask)" there
  * would leave nothing to overlap): tiles that need a mask run a copy of the step with it, the
@@ -272,19 +258,19 @@ typedef struct {
 static __device__ __forceinline__ void consumer_step(const consumer *c, int j, float s[][4],
                                                      float o[][4], uint32_t pa[][4], float m[2],
                                                      float l[2], const int has_s, const int has_pv,
-                                                     const int masked, const int d, const int bc,
+                                                     const int masked, const int d,
                                                      const int fp16)
 {
     const attn_problem p = *c->p;
-    const fa3_smem sm = smem_layout(d, bc);   /* constants: the offsets of a fixed layout */
-    const int tile_bytes = bc * d * 2, lane = threadIdx.x % WARP;
+    const fa3_smem sm = smem_layout(d);   /* constants: the offsets of a fixed layout */
+    const int bc = Bc(d), tile_bytes = bc * d * 2, lane = threadIdx.x % WARP;
     const int n = c->n0 + j;   /* K_j's place in the rings' count */
     const int st = n % STAGES, ph = n / STAGES & 1;   /* K_j's stage and its phase's parity */
     const int pv = (n - 1) % STAGES, ph_v = (n - 1) / STAGES & 1;   /* V_{j-1}'s (j > 0) */
     const float scale_log2 = p.scale * LOG2E;
     TRACE_AT(c->a, c->t, j, 0);
     if (c->loader && j + STAGES - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
-        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + STAGES - 1, n + STAGES - 1, d, bc);
+        load_tile(sm.K, sm.full_k, sm.empty_k, c->tmK, c->b, c->h_kv, j + STAGES - 1, n + STAGES - 1, d);
     /* Both tiles have landed before the first wgmma: a wait loop between two wgmmas would be a
      * divergent path there. */
     if (has_s) mbar_wait(sm.full_k + 8 * st, ph);
@@ -307,8 +293,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
             /* The 80-key tile's first k-step declares S written only: S of the last step is
              * then dead once packed into P, which frees the registers this tile needs (with
              * the read-write form the kernel spills). */
-            if (bc == 176)          wgmma_ss_n176(&s[0][0], a_k, b_k, k > 0, fp16);
-            else if (bc == 80 && k == 0) wgmma_ss_first_n80(&s[0][0], a_k, b_k, fp16);
+            if (bc == 80 && k == 0) wgmma_ss_first_n80(&s[0][0], a_k, b_k, fp16);
             else if (bc == 80)      wgmma_ss_n80(&s[0][0], a_k, b_k, 1, fp16);
             else                    wgmma_ss_n128(&s[0][0], a_k, b_k, k > 0, fp16);
         }
@@ -385,7 +370,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         if (lane == 0) mbar_arrive(sm.empty_v + 8 * pv);
     }
     if (c->loader && j + STAGES - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
-        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + STAGES - 1, n + STAGES - 1, d, bc);
+        load_tile(sm.V, sm.full_v, sm.empty_v, c->tmV, c->b, c->h_kv, j + STAGES - 1, n + STAGES - 1, d);
     if (has_s) {
         if (rescale) {   /* some row of the warp moved its max (always, without lazy rescaling) */
             if (lazy)   /* a row that kept its max keeps O and l (alpha exactly 1, as before) */
@@ -416,9 +401,9 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
 /* Step j of a consumer whose 64 rows all lie past N_q (in a head's last query tile when N_q is
  * not a multiple of Br): no products, only its part in the turns and in the rings' releases,
  * each release after its tile has landed, so that it counts toward that tile's phase. */
-static __device__ __forceinline__ void pass_step(const consumer *c, int j, const int d, const int bc)
+static __device__ __forceinline__ void pass_step(const consumer *c, int j, const int d)
 {
-    const fa3_smem sm = smem_layout(d, bc);
+    const fa3_smem sm = smem_layout(d);
     const int lane = threadIdx.x % WARP, n = c->n0 + j;
     if (j < c->Tc) mbar_wait(sm.full_k + 8 * (n % STAGES), n / STAGES & 1);
     if (j > 0) mbar_wait(sm.full_v + 8 * ((n - 1) % STAGES), (n - 1) / STAGES & 1);
@@ -450,10 +435,10 @@ static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int u
     ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1] = u;
 }
 
-static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t, const int d, const int bc)
+static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t, const int d)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    mbar_wait(sm.bar_q + 8 * (t % Q_BUFS(d, bc)), t / Q_BUFS(d, bc) & 1);
+    mbar_wait(sm.bar_q + 8 * (t % Q_BUFS(d)), t / Q_BUFS(d) & 1);
     return ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1];
 }
 
@@ -465,8 +450,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
                                                const fa3_smem sm, const CUtensorMap *tmQ,
                                                const CUtensorMap *tmK, const CUtensorMap *tmV,
                                                const CUtensorMap *tmO, int cw, int n_tiles,
-                                               const int walk, const int counted, const int d,
-                                               const int bc, const int fp16)
+                                               const int walk, const int counted, const int d, const int fp16)
 {
     const int warp = threadIdx.x / WARP % 4, lane = threadIdx.x % WARP;
     consumer c;
@@ -479,7 +463,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
          * the high word (stride, swizzle) is a constant. */
         const uint64_t q = wgmma_desc(sm.Q + cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM);
         const uint64_t k = wgmma_desc(sm.K, 16, SWIZZLE_ATOM);
-        const uint64_t v = wgmma_desc(sm.V, bc * BOX_ROW, SWIZZLE_ATOM);
+        const uint64_t v = wgmma_desc(sm.V, Bc(d) * BOX_ROW, SWIZZLE_ATOM);
         c.dQ = (q >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)q, 0);
         c.dK = (k >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)k, 0);
         c.dV = (v >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)v, 0);
@@ -495,14 +479,14 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     /* A block of a persistent grid takes its tiles from the producer; one of a tile a block has
      * blockIdx.x (1-D) or the block's indices (3-D, tile_of). */
     const uint64_t dQ = c.dQ;   /* Q's first buffer */
-    for (int u = counted ? posted_tile(sm, 0, d, bc) : walk ? blockIdx.x : 0; u < n_tiles;
-         u = counted ? posted_tile(sm, c.t + 1, d, bc) : n_tiles, c.t++) {
-        const int qs = c.t % Q_BUFS(d, bc);   /* this tile's Q_i buffer */
+    for (int u = counted ? posted_tile(sm, 0, d) : walk ? blockIdx.x : 0; u < n_tiles;
+         u = counted ? posted_tile(sm, c.t + 1, d) : n_tiles, c.t++) {
+        const int qs = c.t % Q_BUFS(d);   /* this tile's Q_i buffer */
         if (d != 256) c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d * 2);
         int h, i0;
         tile_of(p, G, u, d, walk, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
-        c.Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
+        c.Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
         c.row0 = i0 + cw * WG_ROWS;
         c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
         if (c.loader) {
@@ -510,8 +494,8 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
             for (int k = 0; k < d / BOX_COLS; k++)
                 tma_load_4d(sm.Q + k * Br(d) * BOX_ROW, tmQ, k * BOX_COLS, i0, h, c.b, sm.bar_q);
             for (int j = 0; j < STAGES - 1 && j < c.Tc; j++) {
-                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, c.b, c.h_kv, j, c.n0 + j, d, bc);
-                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, c.b, c.h_kv, j, c.n0 + j, d, bc);
+                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, c.b, c.h_kv, j, c.n0 + j, d);
+                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, c.b, c.h_kv, j, c.n0 + j, d);
             }
         }
 
@@ -523,33 +507,33 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         for (int n = 0; n < D_MAX / MMA_N; n++)
 #pragma unroll
             for (int k = 0; k < 4; k++) o[n][k] = 0.0f;
-        float s[BC_MAX / MMA_N][4];
-        uint32_t pa[BC_MAX / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
-        mbar_wait(sm.bar_q + 8 * qs, c.t / Q_BUFS(d, bc) & 1);
+        float s[128 / MMA_N][4];
+        uint32_t pa[128 / 16][4];   /* P_{j-1}, packed: the A operand of the next PV product */
+        mbar_wait(sm.bar_q + 8 * qs, c.t / Q_BUFS(d) & 1);
 
         /* Tiles 0 .. n_full-1 need no mask: every key inside N_k and, when causal, at or before
          * this warpgroup's first row. The rest of the Tc tiles (the diagonal ones, or the tail
          * past N_k) take the masked copy of the step. */
-        const int Tc = c.Tc, n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / bc);
+        const int Tc = c.Tc, n_full = min(Tc, min(p.N_k, p.causal ? c.row0 + 1 : p.N_k) / Bc(d));
         if (c.row0 >= p.N_q) {   /* no row of this warpgroup exists: its O is clipped by the store */
-            for (int j = 0; j < Tc; j++) pass_step(&c, j, d, bc);
+            for (int j = 0; j < Tc; j++) pass_step(&c, j, d);
         } else {
-            if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, d, bc, fp16);
-            else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, d, bc, fp16);
-            for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, bc, fp16);
-            for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, bc, fp16);
+            if (n_full > 0) consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, d, fp16);
+            else            consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, d, fp16);
+            for (int j = 1; j < n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, fp16);
+            for (int j = max(n_full, 1); j < Tc; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, fp16);
         }
         /* Every S product of this tile is complete: the producer may load the next Q_i, and post
          * in the slot this thread read (so every consumer thread arrives, not one a warp). */
         mbar_arrive(sm.empty_q + 8 * qs);
-        if (c.row0 >= p.N_q) pass_step(&c, Tc, d, bc);
-        else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, bc, fp16);
+        if (c.row0 >= p.N_q) pass_step(&c, Tc, d);
+        else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, fp16);
 
         /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2. O_i is staged in shared memory (o_place;
          * in V's ring as FA-3 does, when the block walks tiles), then leaves by one TMA store per
          * 64-column box; rows past N_q are clipped by the tensor map. */
         const int n_o = c.n0 + Tc - STAGES;   /* -1 for a block's first tile if it has one step */
-        const uint32_t o_tile = o_place(sm, walk, n_o, d, bc);
+        const uint32_t o_tile = o_place(sm, walk, n_o, d);
         if (walk && d == 256) bar_sync(BAR_ALL, CONSUMERS(d) * WARPGROUP);
         else if (walk && d == 64) bar_sync(BAR_EPI + cw, WARPGROUP);   /* the last store has read O */
         else if (walk) mbar_wait(sm.empty_v + 8 * ring_stage(n_o), ring_parity(n_o));
@@ -592,17 +576,17 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
 /* One block: warpgroup 0 produces, the others (2, or 3 at d = 64) consume, for query tiles of
  * the n_tiles in tile_of's order: one tile a block, or (persistent) one block per SM taking
  * blockIdx.x and then what the counter hands it, each tile's loads issued under the last one's
- * epilogue. causal (-1: read from p, else a literal), d, bc and fp16 are literals at each
- * call site. */
+ * epilogue. causal (-1: read from p, else a literal), d and fp16 are literals at each call
+ * site. */
 static __device__ __forceinline__ void tiled_attention(attn_problem p, const attn_args a, int G,
                                                        const CUtensorMap *tmQ,
                                                        const CUtensorMap *tmK,
                                                        const CUtensorMap *tmV,
                                                        const CUtensorMap *tmO, const int causal,
-                                                       const int d, const int bc, const int fp16)
+                                                       const int d, const int fp16)
 {
     if (causal >= 0) p.causal = causal;   /* a literal in the wide kernels (else ptxas spills) */
-    const fa3_smem sm = smem_layout(d, bc);
+    const fa3_smem sm = smem_layout(d);
     /* The warpgroup, broadcast from lane 0: ptxas then knows it is one value across the warp and
      * keeps what follows from it (Q_i's descriptors, the first row, the loop bounds) in uniform
      * registers, off the vector pipes. */
@@ -637,47 +621,40 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     if (wg == 0) {
         SETMAXNREG_DEC(PRODUCER_REGS);
         if (WS && threadIdx.x == 0) {
-            /* K_j, then V_j. With the wide tile K_{j+1}, then V_j: FA-3's order, V one tile
-             * behind K (faster there, slower with the other tiles). */
-            const int k_ahead = bc == BC_MAX;
+            /* K_j, then V_j. */
             int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
             int u = walk ? blockIdx.x : 0, t = 0;
             for (; u < n_tiles; t++) {
                 int b, h, i0;
                 tile_of(p, G, u, d, walk, &b, &h, &i0);
                 const int h_kv = h / (p.H / p.H_kv);
-                const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + bc - 1) / bc;
+                const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
                 /* Q_i once the consumers' S products of the tile before that used its buffer
                  * are complete: the last tile (one buffer), or the one before it (two). */
-                const int qs = t % Q_BUFS(d, bc);
+                const int qs = t % Q_BUFS(d);
                 const uint32_t Qt = sm.Q + qs * Br(d) * d * 2, full_q = sm.bar_q + 8 * qs;
-                mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d, bc) & 1) ^ 1);
+                mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
                 if (counted) post_tile(sm, t, u);
                 mbar_arrive_expect_tx(full_q, Br(d) * d * 2);
                 for (int c = 0; c < d / BOX_COLS; c++)
                     tma_load_4d(Qt + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, full_q);
                 /* The next tile, asked for now: the counter's answer arrives under the loads. */
                 const int u_next = counted ? next_tile_of(a, u) : n_tiles;
-                if (k_ahead)
-                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, 0, n0, d, bc);
                 for (int j = 0; j < Tc; j++) {
                     TRACE_AT(&a, t, j, 0);
-                    if (!k_ahead)
-                        load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, n0 + j, d, bc);
-                    else if (j + 1 < Tc)
-                        load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j + 1, n0 + j + 1, d, bc);
+                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, n0 + j, d);
                     TRACE_AT(&a, t, j, 1);
                     /* V's ring holds the last tile's O until its store has read it. */
                     if (j == 0 && t > 0 && d != 64) mbar_wait(sm.o_free, (t - 1) & 1);
-                    load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d, bc);
+                    load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d);
                     TRACE_AT(&a, t, j, 2);
                 }
                 n0 += Tc;
                 u = u_next;
             }
             if (counted) {   /* no tile left: the consumers wake on Q's barrier to read so */
-                const int qs = t % Q_BUFS(d, bc);
-                mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d, bc) & 1) ^ 1);
+                const int qs = t % Q_BUFS(d);
+                mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
                 post_tile(sm, t, n_tiles);
                 mbar_arrive(sm.bar_q + 8 * qs);
             }
@@ -685,35 +662,31 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     } else {
         if (CONSUMERS(d) == 3) SETMAXNREG_INC(CONSUMER_REGS_3);   /* d is a literal: one remains */
         else                   SETMAXNREG_INC(CONSUMER_REGS_2);
-        consume(p, a, G, sm, tmQ, tmK, tmV, tmO, wg - 1, n_tiles, walk, counted, d, bc, fp16);
+        consume(p, a, G, sm, tmQ, tmK, tmV, tmO, wg - 1, n_tiles, walk, counted, d, fp16);
     }
 }
 
-/* One kernel per head dim, key tile, mask and dtype, each with literals inside; the tensor maps
+/* One kernel per head dim, mask and dtype, each with literals inside; the tensor maps
  * are __grid_constant__ parameters. One block of 3 warpgroups per SM (the cap at entry, 168
  * registers, is what setmaxnreg redistributes). causal: -1 read from p, 0 or 1 a literal. G:
  * the causal order's heads per section. */
 typedef void (*attention_fn)(attn_problem, attn_args, int, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap);
-#define KERNEL(name, d, bc, causal, fp16)                                                       \
+#define KERNEL(name, d, causal, fp16)                                                           \
     static __global__ void __launch_bounds__(THREADS(d), 1)                                     \
     name(attn_problem p, attn_args a, int G, const __grid_constant__ CUtensorMap tmQ,            \
          const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,       \
          const __grid_constant__ CUtensorMap tmO)                                                \
-    { tiled_attention(p, a, G, &tmQ, &tmK, &tmV, &tmO, causal, d, bc, fp16); }
-KERNEL(attention_64_bf16, 64, 128, -1, 0)
-KERNEL(attention_64_fp16, 64, 128, -1, 1)
-KERNEL(attention_64_causal_bf16, 64, 128, 1, 0)
-KERNEL(attention_64_causal_fp16, 64, 128, 1, 1)
-KERNEL(attention_128_bf16, 128, 128, -1, 0)
-KERNEL(attention_128_fp16, 128, 128, -1, 1)
-KERNEL(attention_128_bc176_bf16, 128, 176, 0, 0)
-KERNEL(attention_128_bc176_fp16, 128, 176, 0, 1)
-KERNEL(attention_128_bc176_causal_bf16, 128, 176, 1, 0)
-KERNEL(attention_128_bc176_causal_fp16, 128, 176, 1, 1)
-KERNEL(attention_256_bf16, 256, 80, -1, 0)
-KERNEL(attention_256_fp16, 256, 80, -1, 1)
+    { tiled_attention(p, a, G, &tmQ, &tmK, &tmV, &tmO, causal, d, fp16); }
+KERNEL(attention_64_bf16, 64, -1, 0)
+KERNEL(attention_64_fp16, 64, -1, 1)
+KERNEL(attention_64_causal_bf16, 64, 1, 0)
+KERNEL(attention_64_causal_fp16, 64, 1, 1)
+KERNEL(attention_128_bf16, 128, -1, 0)
+KERNEL(attention_128_fp16, 128, -1, 1)
+KERNEL(attention_256_bf16, 256, -1, 0)
+KERNEL(attention_256_fp16, 256, -1, 1)
 
 /* Whether the problem runs on a persistent grid: at d = 128, at d = 256 without a causal mask
  * (its causal tiles ran 1-10% slower so) and at d = 64 with one (without, the tile loop costs
@@ -723,19 +696,15 @@ static int persistent(const attn_problem *p)
     return PERSISTENT && WS && (p->d == 128 || (p->d == 256 && !p->causal) || (p->d == 64 && p->causal));
 }
 
-/* The kernel for the problem: a row per head dim, key tile and mask, a column per dtype. */
+/* The kernel for the problem: a row per head dim and mask, a column per dtype. */
 static attention_fn pick_forward(const attn_problem *p)
 {
     static const attention_fn k[][2] = {
         { attention_64_bf16, attention_64_fp16 },
         { attention_64_causal_bf16, attention_64_causal_fp16 },
         { attention_128_bf16, attention_128_fp16 },
-        { attention_128_bc176_bf16, attention_128_bc176_fp16 },
-        { attention_128_bc176_causal_bf16, attention_128_bc176_causal_fp16 },
         { attention_256_bf16, attention_256_fp16 } };
-    const int row = p->d == 64 ? (p->causal && persistent(p) ? 1 : 0)
-                  : p->d == 128 ? (key_tile(p->d, p->causal, p->N_k) != 176 ? 2 : p->causal ? 4 : 3)
-                  : 5;
+    const int row = p->d == 64 ? (p->causal && persistent(p) ? 1 : 0) : p->d == 128 ? 2 : 3;
     return k[row][p->dtype == ATTN_FP16];
 }
 
@@ -768,7 +737,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "09_fa3_persistent cannot query the device");
         return 1;
     }
-    const size_t smem = smem_bytes(p->d, key_tile(p->d, p->causal, p->N_k));
+    const size_t smem = smem_bytes(p->d);
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
@@ -789,14 +758,13 @@ static size_t workspace(const attn_problem *p, attn_dir dir)
 
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
-    const int bc = key_tile(p->d, p->causal, p->N_k);
-    const size_t smem = smem_bytes(p->d, bc);
+    const size_t smem = smem_bytes(p->d);
     const attention_fn kernel = pick_forward(p);
-    /* Tensor maps: Q in boxes of Br rows, K and V of bc keys, O of one warpgroup's 64 rows. */
+    /* Tensor maps: Q in boxes of Br rows, K and V of Bc keys, O of one warpgroup's 64 rows. */
     CUtensorMap tmQ, tmK, tmV, tmO;
     if (hopper_tensor_map(&tmQ, a->q, p->dtype, p->d, p->N_q, p->H, p->B, Br(p->d)) ||
-        hopper_tensor_map(&tmK, a->k, p->dtype, p->d, p->N_k, p->H_kv, p->B, bc) ||
-        hopper_tensor_map(&tmV, a->v, p->dtype, p->d, p->N_k, p->H_kv, p->B, bc) ||
+        hopper_tensor_map(&tmK, a->k, p->dtype, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
+        hopper_tensor_map(&tmV, a->v, p->dtype, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
         hopper_tensor_map(&tmO, a->o, p->dtype, p->d, p->N_q, p->H, p->B, WG_ROWS))
         return cudaErrorInvalidValue;
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */

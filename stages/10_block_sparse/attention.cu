@@ -9,22 +9,15 @@
  * - Tile lists (build_list): a bitmap of the mask tiles to visit and one of those the window,
  *   the diagonal or N_k cut; only cut tiles run mask code (forward_step and backward_step each
  *   have a copy with it and one without). The backward has such lists per key tile (next_step).
- * - Heavy tiles first: with a block mask, order_kernel sorts tiles by their length (the
- *   forward across the heads one wave holds, its first wave in grid order while the rest is
- *   sorted; the backward per kv head); a causal window's tiles start longest first. On
- *   sm_90 each kernel after the sort is launched as the dependent of the one before (launch).
- * - The fold: a window's first and last tiles, each seen by half of the block's rows (forward)
- *   or keys (backward), share one step, each half's warps on its own tile.
  * - Registers: build_list is out of line and the d = 128 forward keeps its row sums in shared
- *   memory. No spill; an all-ones mask gives 06's bits. A row that sees no key gets O = 0 and
- *   L = -inf; its P is 0 in the backward.
+ *   memory (with them in registers it spills). An all-ones mask gives 06's bits. A row that
+ *   sees no key gets O = 0 and L = -inf; its P is 0 in the backward.
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
  * Time: falls with the density; below dense 06_fa2's rate on the visible pairs, the more so
  *   the sparser the mask (docs/10_block_sparse.md, generated).
  * Memory: as 06_fa2, plus in shared memory the lists (two words per 32 mask tiles, per query
- *   head in the backward) and the d = 128 forward's row sums (2 KiB); a block mask's order in
- *   the workspace.
+ *   head in the backward) and the d = 128 forward's row sums (2 KiB).
  * Run: make build/10_block_sparse && build/10_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
  */
@@ -170,223 +163,6 @@ static __device__ __forceinline__ int next_tile(int list, int j, int end, int pe
         j = (t / WARP + 1) * WARP * per;   /* the first tile of the next word */
     }
     return end;
-}
-
-/* The last tile j' < end of the list, given that j (< end) is in it: next_tile from the end. */
-static __device__ __forceinline__ int last_tile(int list, int j, int end, int per)
-{
-    extern __shared__ __align__(1024) uint32_t smem_words[];
-    for (int t = (end - 1) / per; t > j / per; t = t / WARP * WARP - 1) {
-        const uint32_t w = smem_words[list + 2 * (t / WARP)] & (0xffffffffu >> (WARP - 1 - t % WARP));
-        if (w) return min(end - 1, ((t / WARP * WARP + WARP - 1 - __clz(w)) + 1) * per - 1);
-    }
-    return max(j, min(end - 1, (j / per + 1) * per - 1));
-}
-
-/* ---- Heavy tiles first ---------------------------------------------------------------------- */
-
-/* Blocks start in grid order, x fastest, and a block's time is its list's length. With a
- * block mask the lengths are random, and a long block that starts late keeps its SM busy while
- * the others idle: the last wave decides the time. So, with a block mask, the blocks take
- * their tiles heaviest first (order_kernel). The backward orders each kv head's key tiles.
- * The forward orders a section of heads at once: as many heads as a wave of blocks (two per
- * SM) holds tiles, so the blocks that run together share the K, V of as few heads as in the
- * dense grid, in L2, while the tail is balanced over the section's tiles and not one head's
- * (one head at a time, and sections of more heads, measured slower). */
-#define ORDER_THREADS 1024   /* order_kernel: a bucket of work per thread */
-#define ORDER_STAGE 32768    /* order_kernel: shared memory for the backward's mask copy */
-
-/* The forward's first section needs no order: its tiles fill the first wave, which starts all
- * of them at once whatever their ranks (a section is one head at least: where a head has more
- * tiles than a wave holds, that head's go unsorted). So it takes them in grid order, order_kernel sorts the
- * other sections only, and on sm_90 the forward is launched as its dependent (programmatic
- * dependent launch): the first wave runs while the sort does, and a block of a later section
- * waits for it (grid_wait) before it reads its rank. On sm_80 both are no-ops, and the forward
- * starts after the sort as any launch does. */
-static __device__ __forceinline__ void grid_launch_dependents(void)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-/* Wait until the grid this one depends on has finished and its writes are visible. */
-static __device__ __forceinline__ void grid_wait(void)
-{
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-/* Mask tiles that tile t of head h, batch b visits, capped at ORDER_THREADS - 1. Forward
- * (keys = 1): query tile t, the ones of mask row t among the keys its rows see. Backward:
- * key tile t of kv head h, the ones of mask column t among the queries that see its keys, over
- * the group's query heads, read from `staged` where order_kernel copied them to shared memory
- * (the group's [Tq][Tk] entries one head after the other), else from the mask. */
-static __device__ __forceinline__ int tile_work(const attn_problem p, const attn_args a, int keys,
-                                                int b, int h, int t, const unsigned char *staged)
-{
-    int n = 0;
-    if (keys) {   /* forward: query tile t of head h, the ones of its mask row it can reach */
-        int lo, hi, unused;
-        visible_keys(p, t * MASK_TILE, &lo, &unused);
-        visible_keys(p, min((t + 1) * MASK_TILE, p.N_q) - 1, &unused, &hi);
-        const unsigned char *row = mask_row(p, a, b, h, t);
-        const int k0 = lo / MASK_TILE, k1 = (hi + MASK_TILE - 1) / MASK_TILE;
-        if ((((size_t)row | k0 | k1) & 15) == 0) {
-            /* 16 bytes a load. Each thread counts its own row, so one load of a warp touches
-             * 32 rows, 16 cache lines: a byte a load, a row of 64 bytes took 64 such loads
-             * and the kernel 12.5 us instead of 4.5. */
-            for (int k = k0; k < k1; k += 16) {
-                const uint4 v = *(const uint4 *)(row + k);
-                n += (__popc(__vcmpne4(v.x, 0)) + __popc(__vcmpne4(v.y, 0)) +
-                      __popc(__vcmpne4(v.z, 0)) + __popc(__vcmpne4(v.w, 0))) / 8;
-            }
-        } else {
-            for (int k = k0; k < k1; k++) n += row[k] != 0;
-        }
-        return min(n, ORDER_THREADS - 1);
-    }
-    const int group = p.H / p.H_kv, Tq = (p.N_q + MASK_TILE - 1) / MASK_TILE;
-    const size_t Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;
-    int q_lo, q_hi;
-    visible_queries(p, t * MASK_TILE, min((t + 1) * MASK_TILE, p.N_k), &q_lo, &q_hi);
-    for (int g = 0; g < group; g++) {
-        const unsigned char *column = (staged ? staged + (size_t)g * Tq * Tk
-                                              : mask_row(p, a, b, h * group + g, 0)) + t;
-        for (int q = q_lo / MASK_TILE; q < (q_hi + MASK_TILE - 1) / MASK_TILE; q++)
-            n += column[q * Tk] != 0;
-    }
-    return min(n, ORDER_THREADS - 1);
-}
-
-/* One block per section from section0 on (1 in the forward, 0 in the backward): the heads
- * (kv heads in the backward) bh = b H + h from bh0 = (blockIdx.x + section0) heads on, `heads`
- * of them or fewer in the last section, each with `tiles` tiles. Entry bh0 tiles + r of the
- * order is the item of rank r in the section, heaviest first: {tile, bh} (int2) in the
- * forward, the tile (int) in the backward, whose sections are one head. A counting sort, a bucket per work; items of equal work (or past the cap) take
- * their ranks in any order, which may change from call to call: the results do not, since
- * each tile writes its own outputs (O_i, L_i; dK_j, dV_j; dQ's atomics are unordered anyway). */
-static __global__ void __launch_bounds__(ORDER_THREADS) order_kernel(attn_problem p, attn_args a,
-                                                                     int keys, int heads,
-                                                                     int section0, int *order)
-{
-    __shared__ int next[ORDER_THREADS];   /* per bucket: its count, then its next rank */
-    __shared__ int before[ORDER_THREADS / WARP];
-    __shared__ __align__(16) unsigned char stage[ORDER_STAGE];
-    grid_launch_dependents();   /* the forward's first section may start now */
-    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
-    const int tiles = ((keys ? p.N_q : p.N_k) + MASK_TILE - 1) / MASK_TILE;
-    const int H = keys ? p.H : p.H_kv, bh0 = ((int)blockIdx.x + section0) * heads;
-    const int items = min(heads, p.B * H - bh0) * tiles;
-    int *rank_to_tile = order + (size_t)bh0 * tiles;
-    int2 *rank_to_item = (int2 *)order + (size_t)bh0 * tiles;
-    next[t] = 0;
-    /* The backward's passes below read mask columns, a load per entry down the column, one
-     * after the other: its kv head's mask (the group's query heads) is copied here first
-     * where it fits, so that they read shared memory. (The forward reads rows, 16 bytes a
-     * load: a copy made it slower.) */
-    const int Tq = (p.N_q + MASK_TILE - 1) / MASK_TILE, Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;
-    const int group = p.H / p.H_kv, per = Tq * Tk;
-    const unsigned char *staged = NULL;
-    if (!keys && (size_t)group * per <= ORDER_STAGE) {
-        for (int c = 0; c < group; c++) {   /* query head c of kv head bh0 % H_kv's group */
-            const unsigned char *src = mask_row(p, a, bh0 / H, bh0 % H * group + c, 0);
-            unsigned char *dst = stage + c * per;
-            if (((size_t)src | per) % 16 == 0)
-                for (int i = 16 * t; i < per; i += 16 * ORDER_THREADS)
-                    *(uint4 *)(dst + i) = *(const uint4 *)(src + i);
-            else
-                for (int i = t; i < per; i += ORDER_THREADS) dst[i] = src[i];
-        }
-        staged = stage;
-    }
-    __syncthreads();
-    for (int i = t; i < items; i += ORDER_THREADS) {
-        const int bh = bh0 + i / tiles;
-        atomicAdd(&next[tile_work(p, a, keys, bh / H, bh % H, i % tiles, staged)], 1);
-    }
-    __syncthreads();
-    /* Thread t takes bucket ORDER_THREADS-1-t, so that a prefix sum over the threads counts
-     * the heavier items: each bucket's first rank. A scan per warp, then over the warps. */
-    const int count = next[ORDER_THREADS - 1 - t];
-    int x = count;
-    for (int o = 1; o < WARP; o *= 2) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == WARP - 1) before[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        const int total = before[lane];
-        int y = total;
-        for (int o = 1; o < WARP; o *= 2) {
-            const int z = __shfl_up_sync(0xffffffffu, y, o);
-            if (lane >= o) y += z;
-        }
-        before[lane] = y - total;
-    }
-    __syncthreads();
-    next[ORDER_THREADS - 1 - t] = before[warp] + x - count;
-    __syncthreads();
-    for (int i = t; i < items; i += ORDER_THREADS) {
-        const int bh = bh0 + i / tiles;
-        const int rank = atomicAdd(&next[tile_work(p, a, keys, bh / H, bh % H, i % tiles, staged)], 1);
-        if (keys) rank_to_item[rank] = make_int2(i % tiles, bh);
-        else rank_to_tile[rank] = i;
-    }
-}
-
-/* A backward block's tile: of rank blockIdx.x in its kv head's order (sections of one head),
- * or (order NULL) tile blockIdx.x. */
-static __device__ __forceinline__ int block_tile(const int *order)
-{
-    if (order) return order[((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x];
-    return (int)blockIdx.x;
-}
-
-/* A forward block's tile, batch b and head h. With a block mask, the item of its rank in the
- * order. Without one, causal tiles grow with i: the last ones go first and the small ones fill
- * the tail. With a causal window W, every tile from ceil((W - 1) / Br) on is as long as the
- * longest (its first row sees W keys): those go first, head after head in grid order, then the
- * short ones, longest first across all heads, so that the last wave is not whole tiles of a
- * few blocks. Otherwise, and in the first section of a block mask's
- * order (ranks below sorted_from), tile blockIdx.x of head blockIdx.y. */
-static __device__ __forceinline__ int block_item(const attn_problem p, const int2 *order,
-                                                 int sorted_from, int *b, int *h)
-{
-    const int X = gridDim.x, Y = gridDim.y;
-    const int n = ((int)blockIdx.z * Y + (int)blockIdx.y) * X + (int)blockIdx.x;   /* launch rank */
-    if (order) {
-        if (n < sorted_from) {   /* the first section: grid order */
-            *b = blockIdx.z;
-            *h = blockIdx.y;
-            return (int)blockIdx.x;
-        }
-        grid_wait();   /* for order_kernel */
-        const int2 item = order[n];
-        *b = item.y / Y;
-        *h = item.y - *b * Y;
-        return item.x;
-    }
-    if (p.causal && p.window > 0) {
-        const int heads = Y * (int)gridDim.z, shorts = min(X, (p.window - 1 + Br - 1) / Br);
-        const int full = X - shorts;   /* tiles a head of the longest length */
-        int bh, tile;
-        if (n < full * heads) {
-            bh = n / full;
-            tile = X - 1 - n % full;
-        } else {
-            bh = (n - full * heads) % heads;
-            tile = shorts - 1 - (n - full * heads) / heads;
-        }
-        *b = bh / Y;
-        *h = bh - *b * Y;
-        return tile;
-    }
-    *b = blockIdx.z;
-    *h = blockIdx.y;
-    return p.causal ? X - 1 - (int)blockIdx.x : (int)blockIdx.x;
 }
 
 /* Max and sum over the QUAD lanes that share a row of an accumulator tile. */
@@ -653,9 +429,7 @@ static __device__ __forceinline__ void forward_step(const attn_problem *p, const
  * d and fp16 are literals at each call site: register arrays sized, loops unrolled, one
  * mma instruction per dtype. */
 static __device__ __forceinline__ void tiled_attention(const attn_problem p, const attn_args a,
-                                                       const band w, const int *order,
-                                                       const int sorted_from, const int d,
-                                                       const int fp16)
+                                                       const band w, const int d, const int fp16)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const int row_bytes = 2 * d, tile_bytes = Bc * row_bytes;
@@ -664,10 +438,9 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     const int list = smem_bytes(d) / 4;   /* the key tiles to visit: words of shared memory */
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    /* The longest tiles first (block_item). */
-    int b, h;
-    const int tile = block_item(p, (const int2 *)order, sorted_from, &b, &h);
-    const int i0 = tile * Br;
+    const int b = blockIdx.z, h = blockIdx.y;
+    /* Causal tiles grow with i: the last ones are launched first, the small ones fill the tail. */
+    const int i0 = (p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x) * Br;
     const int h_kv = h / (p.H / p.H_kv);
 
     /* The rows see keys lo .. hi-1 at most (the first row's lo, the last row's hi): only the
@@ -676,37 +449,20 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     int lo, hi, unused;
     visible_keys(p, i0, &lo, &unused);
     visible_keys(p, last_row, &unused, &hi);
-    int j_end = (hi + Bc - 1) / Bc;
+    const int j_end = (hi + Bc - 1) / Bc;
 
     load_tiles(Q_i, a.q, NULL, b, i0, Br, p.N_q, h, p.H, d, THREADS);
     build_list(list, mask_row(p, a, b, h, i0 / MASK_TILE), 1, lo / MASK_TILE,
                (hi + MASK_TILE - 1) / MASK_TILE, p, i0, last_row, 0, 0, 1, THREADS);
     __syncthreads();   /* the list is complete */
     int j = next_tile(list, lo / Bc, j_end, MASK_TILE / Bc);
-    /* The fold. At a band's two ends the block's halves part: rows Br/2 .. Br-1 see none of
-     * the list's first tile, rows 0 .. Br/2-1 none of its last (a window's first tile and the
-     * one past the diagonal). Each of those steps would hold all four warps for two warps'
-     * work; instead one step takes both tiles, each in its stage, the lower half's warps on
-     * the first and the upper half's on the last. A tile a row sees none of leaves its m, l
-     * and O as they were, so skipping it is exact. */
-    int fold = 0, j_last = j;
-    if (j < j_end) {
-        int lo_upper, hi_lower;
-        visible_keys(p, i0 + Br / 2, &lo_upper, &unused);
-        visible_keys(p, i0 + Br / 2 - 1, &unused, &hi_lower);
-        j_last = last_tile(list, j, j_end, MASK_TILE / Bc);
-        fold = j_last > j && (j + 1) * Bc <= lo_upper && j_last * Bc >= hi_lower;
-    }
     if (j < j_end) load_tiles(KV, a.k, a.v, b, j * Bc, Bc, p.N_k, h_kv, p.H_kv, d, THREADS);
-    if (fold)
-        load_tiles(KV + 2 * tile_bytes, a.k, a.v, b, j_last * Bc, Bc, p.N_k, h_kv, p.H_kv, d,
-                   THREADS);
     cp_async_commit();
 
     float o[MT][D_MAX / MMA_N][4];
     /* Running max (log2 domain) and this lane's part of the sum. At d = 128 the sum lives in
-     * shared memory (l_sm), not in l: with a register fewer through the loop, that kernel can
-     * take its tile from the order without spilling (and ptxas schedules it better). */
+     * shared memory (l_sm), not in l: with a register fewer through the loop, that kernel
+     * walks the list without spilling. */
     float m[2 * MT], l[2 * MT];
     float4 *l_sm = (float4 *)(smem + smem_bytes(d) - THREADS * 4 * sizeof(float)) + threadIdx.x;
     if (d == 128) *l_sm = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -721,20 +477,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
     const int row = i0 + warp * MT * MMA_M + lane / QUAD;   /* + 16 mt + 8 {0, 1} */
     const bool empty = j >= j_end;   /* a mask row of zeros: no step at all */
 
-    int step = 0;
-    if (fold) {   /* the tiles between the two are the loop's */
-        const int upper = warp >= THREADS / WARP / 2;   /* rows Br/2 .. Br-1: stage 1 */
-        const uint32_t K_j = KV + upper * 2 * tile_bytes, V_j = K_j + tile_bytes;
-        cp_async_wait_all();
-        __syncthreads();   /* both tiles have landed for all threads */
-        forward_step(&p, w, o, m, l, l_sm, Q_i, K_j, V_j, row, (upper ? j_last : j) * Bc, d,
-                     fp16, 1);
-        j_end = j_last;
-        /* Both stages were in use, so nothing loaded meanwhile: the loop's step -1 computes
-         * nothing and starts the load of the tile after j (one load call, as before). */
-        step = -1;
-    }
-    for (; j < j_end; step++) {   /* the step-th tile of the list is K_j, V_j (stage step & 1) */
+    for (int step = 0; j < j_end; step++) {   /* the step-th tile of the list is K_j, V_j (stage step & 1) */
         const int j0 = j * Bc, j_next = next_tile(list, j + 1, j_end, MASK_TILE / Bc);
         const uint32_t K_j = KV + (step & 1) * 2 * tile_bytes, V_j = K_j + tile_bytes;
         cp_async_wait_all();
@@ -745,8 +488,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
         }
         cp_async_commit();
 
-        if (step < 0) {   /* after the fold */
-        } else if (cut_tile(list, j0 / MASK_TILE))
+        if (cut_tile(list, j0 / MASK_TILE))
             forward_step(&p, w, o, m, l, l_sm, Q_i, K_j, V_j, row, j0, d, fp16, 1);
         else
             forward_step(&p, w, o, m, l, l_sm, Q_i, K_j, V_j, row, j0, d, fp16, 0);
@@ -785,11 +527,11 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 /* One kernel per head dim and dtype, each with literals inside (one kernel holding all four
  * branches is register-allocated as a whole and spills). Two blocks of 4 warps per SM: up to
  * 255 registers a thread, 2 x 96 KiB of shared memory at d = 128. */
-typedef void (*attention_fn)(attn_problem, attn_args, band, const int *, int);
-static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a, band w, const int *order, int sorted_from)  { tiled_attention(p, a, w, order, sorted_from, 64, 0); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a, band w, const int *order, int sorted_from)  { tiled_attention(p, a, w, order, sorted_from, 64, 1); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a, band w, const int *order, int sorted_from) { tiled_attention(p, a, w, order, sorted_from, 128, 0); }
-static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a, band w, const int *order, int sorted_from) { tiled_attention(p, a, w, order, sorted_from, 128, 1); }
+typedef void (*attention_fn)(attn_problem, attn_args, band);
+static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a, band w) { tiled_attention(p, a, w, 64, 0); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a, band w) { tiled_attention(p, a, w, 64, 1); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_128_bf16(attn_problem p, attn_args a, band w) { tiled_attention(p, a, w, 128, 0); }
+static __global__ void __launch_bounds__(THREADS, 2) attention_128_fp16(attn_problem p, attn_args a, band w) { tiled_attention(p, a, w, 128, 1); }
 
 static attention_fn pick_forward(const attn_problem *p)
 {
@@ -901,7 +643,6 @@ static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int per_row = p.d / CHUNK, fp16 = p.dtype == ATTN_FP16;
     const size_t n_chunks = (size_t)p.B * p.N_q * p.H * per_row;
-    grid_launch_dependents();   /* the backward kernel may start once every block is here */
     if (t < acc_chunks) {
         const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         ((float4 *)dq_acc)[2 * t] = zero;
@@ -923,10 +664,6 @@ static __global__ void rowdot_kernel(attn_problem p, const void *d_o, const void
         const int h = (int)(row % p.H), i = (int)(row / p.H % p.N_q), b = (int)(row / p.H / p.N_q);
         D[((size_t)b * p.H + h) * p.N_q + i] = acc;
     }
-    /* Launched as the sort's dependent, this pass runs beside it (it reads nothing the sort
-     * writes); one thread waiting for the sort keeps this grid from ending first, so that the
-     * backward kernel, which waits for this grid, finds the order written too. */
-    if (t == 0) grid_wait();
 }
 
 /* Start loading one step of the backward loop into a stage: Q_i, dO_i (rows i0 .. i0+br-1 of
@@ -966,15 +703,13 @@ static __device__ __forceinline__ void dq_add(float *dst, float dq[][D_MAX / 32]
  * diagonal or N_k run a copy of this code with the mask, all others a copy without it, which
  * is one stretch of code from the barrier to the atomics, scheduled as a whole (with the
  * mask behind a branch in a single copy, the backward was 3.5% slower: a probe without the
- * mask measured that). See tiled_backward for who owns what. In the copy with the mask,
- * i_fold >= 0 makes the step a fold of two (tiled_backward). */
+ * mask measured that). See tiled_backward for who owns what. */
 static __device__ __forceinline__ void backward_step(const attn_problem *p, const attn_args *a,
                                                      const float *D, float *dq_acc, const band w,
-                                                     const int *order, float dK[2][D_MAX / 16][4],
+                                                     float dK[2][D_MAX / 16][4],
                                                      float dV[2][D_MAX / 16][4], int st, int h,
                                                      int i0, int h_next, int i_next, const int d,
-                                                     const int br, const int fp16, const int masked,
-                                                     int i_fold)
+                                                     const int br, const int fp16, const int masked)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const bwd_smem m = backward_layout(d, br);
@@ -984,25 +719,18 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     const int stage_bytes = m.stage, P_off = m.P, dS_off = m.dS, LD_off = m.LD;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wm = warp % 2, wn = warp / 2;
-    const int b = blockIdx.z, j0 = block_tile(order) * BWD_Bc;
+    const int b = blockIdx.z, j0 = blockIdx.x * BWD_Bc;
     const int MQ = br / 32;   /* query mma tiles per warp: br / 2 rows */
     const int Tr = (p->N_q + br - 1) / br;
     const float scale_log2 = p->scale * LOG2E;
 
-    /* The fold (tiled_backward): two steps, query tiles i0 (stage st = 0) and i_fold (stage
-     * 1); warps wn < 2 (keys 0 .. Bc/2-1) take the first, the others the second. A test at
-     * run time, in the copy with the mask only: a third copy of the step made the others
-     * slower, measured. */
-    const int fold = masked && 2 * br <= BWD_Bc && i_fold >= 0;
-    const int sw = fold ? wn >= 2 : st, i_w = fold && wn >= 2 ? i_fold : i0;
-    const uint32_t Q_i = QdO + sw * stage_bytes, dO_i = Q_i + br * row_bytes;
-    const float *L_i = (const float *)(smem + LD_off) + sw * 2 * br, *D_i = L_i + br;
+    const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + br * row_bytes;
+    const float *L_i = (const float *)(smem + LD_off) + st * 2 * br, *D_i = L_i + br;
     const uint32_t QdO_next = QdO + (1 - st) * stage_bytes;
     const uint32_t LD_next = K_j + LD_off + (1 - st) * 2 * br * sizeof(float);
     cp_async_wait_all();
     __syncthreads();   /* this step has landed for all threads; all are done with the last */
-    if (!fold)   /* a fold holds both stages: its next step loads before its dQ_i */
-        load_step(QdO_next, LD_next, p, a, D, b, h_next, i_next, d, br);
+    load_step(QdO_next, LD_next, p, a, D, b, h_next, i_next, d, br);
     cp_async_commit();
 
     /* Recompute S_ij = Q_i K_jᵀ and P_ij = exp2(S_ij scale log2e - L_i log2e) from the saved
@@ -1017,7 +745,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
     if (masked)   /* scores the rows must not see start at -inf: the product keeps them there */
 #pragma unroll
         for (int mt = 0; mt < MQ; mt++)
-            mask_scores(s[mt], 4, i_w + br / 2 * wm + MMA_M * mt + lane / QUAD,
+            mask_scores(s[mt], 4, i0 + br / 2 * wm + MMA_M * mt + lane / QUAD,
                         j0 + 32 * wn + 2 * (lane % QUAD), p->N_k, w);
 #pragma unroll
     for (int k = 0; k < d / MMA_K; k++) {
@@ -1107,14 +835,7 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
         }
     }
 
-    if (fold) {   /* both steps' Q_i, dO_i, L_i, D_i are read */
-        __syncthreads();
-        load_step(QdO_next, LD_next, p, a, D, b, h_next, i_next, d, br);
-        cp_async_commit();
-    }
-
-    /* This block's part of dQ_i = dS_ij K_j (unscaled: convert_dq_kernel applies scale); a
-     * fold's first step takes keys 0 .. Bc/2-1, its second the rest. */
+    /* This block's part of dQ_i = dS_ij K_j (unscaled: convert_dq_kernel applies scale). */
     if (dq_acc) {
         const int cQ = wn * (d / 4);
         float dq[BWD_BR_MAX / 32][D_MAX / 32][4];
@@ -1127,10 +848,6 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
         float *dst = dq_acc + (((size_t)b * p->H + h) * Tr + i0 / br) * br * d + threadIdx.x;
 #pragma unroll
         for (int k = 0; k < BWD_Bc / MMA_K; k++) {
-            if (fold && k == BWD_Bc / MMA_K / 2) {
-                dq_add(dst, dq, MQ, d);
-                dst = dq_acc + (((size_t)b * p->H + h) * Tr + i_fold / br) * br * d + threadIdx.x;
-            }
             uint32_t sa[BWD_BR_MAX / 32][4];
 #pragma unroll
             for (int mt = 0; mt < MQ; mt++) ldsm_a(sa[mt], dS_ij, ps_bytes, br / 2 * wm + MMA_M * mt, k * MMA_K);
@@ -1162,19 +879,16 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
  * br, the query rows per step, is 64 or 128 (backward_rows). */
 static __device__ __forceinline__ void tiled_backward(const attn_problem p, const attn_args a,
                                                       const float *D, float *dq_acc, const band w,
-                                                      const int *order, const int d, const int br,
-                                                      const int fp16)
+                                                      const int d, const int br, const int fp16)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const bwd_smem m = backward_layout(d, br);
     const int row_bytes = 2 * d;
     const uint32_t K_j = smem_u32(smem);
-    grid_wait();   /* a dependent launch (backward()): for D, the zeroed dQ and the order */
-    grid_launch_dependents();
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int wm = warp % 2, wn = warp / 2;
-    const int b = blockIdx.z, h_kv = blockIdx.y, j0 = block_tile(order) * BWD_Bc;
+    const int b = blockIdx.z, h_kv = blockIdx.y, j0 = blockIdx.x * BWD_Bc;
     const int group = p.H / p.H_kv;
 
     /* The rows that see some of these keys are q_lo .. q_hi-1 (visible_queries): the query
@@ -1184,7 +898,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     int q_lo, q_hi;
     visible_queries(p, j0, min(j0 + BWD_Bc, p.N_k), &q_lo, &q_hi);
     const int s_begin = q_lo / br, per = MASK_TILE / br;
-    int s_end = (q_hi + br - 1) / br;
+    const int s_end = (q_hi + br - 1) / br;
     const size_t Tk = (p.N_k + MASK_TILE - 1) / MASK_TILE;   /* mask entries a row */
     const int words = list_words(&p, 0);   /* of a bitmap; a head's list has two */
     const int list = m.bytes / 4;   /* words of shared memory */
@@ -1199,28 +913,8 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     __syncthreads();   /* the list is complete */
     int g = 0, s = s_begin;
     next_step(list, words, group, s_begin, s_end, per, &g, &s);
-    /* The fold, as the forward's: keys Bc/2 .. Bc-1 are seen by none of the first step's rows
-     * and keys 0 .. Bc/2-1 by none of the last's (a causal window's diagonal step and its
-     * last), so the two run as one step (backward_step), its first step in stage 0 and its
-     * second (rows i_fold on) in stage 1. Without GQA only (one list), and with steps of
-     * br < Bc rows: a step as tall as the key tile (d = 64) has rows below the diagonal in
-     * both halves, so a causal window never folds there. */
-    int i_fold = -1;
-    if (2 * br <= BWD_Bc && group == 1 && g < group) {
-        int q_upper, q_lower, unused;
-        visible_queries(p, j0 + BWD_Bc / 2, min(j0 + BWD_Bc, p.N_k), &q_upper, &unused);
-        visible_queries(p, j0, min(j0 + BWD_Bc / 2, p.N_k), &unused, &q_lower);
-        const int s_last = last_tile(list, s, s_end, per);
-        if (s_last > s && (s + 1) * br <= q_upper && s_last * br >= q_lower) {
-            i_fold = s_last * br;
-            s_end = s_last;   /* the loop's steps are the ones between */
-        }
-    }
     if (g < group)
         load_step(K_j + m.QdO, K_j + m.LD, &p, &a, D, b, h_kv * group + g, s * br, d, br);
-    if (i_fold >= 0)
-        load_step(K_j + m.QdO + m.stage, K_j + m.LD + 2 * br * sizeof(float), &p, &a, D, b,
-                  h_kv, i_fold, d, br);
     cp_async_commit();
 
     float dK[2][D_MAX / 16][4], dV[2][D_MAX / 16][4];
@@ -1239,11 +933,10 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         next_step(list, words, group, s_begin, s_end, per, &g_next, &s_next);
         const int h_next = g_next < group ? h_kv * group + g_next : h;
         const int i_next = g_next < group ? s_next * br : i0;
-        if (i_fold >= 0 || cut_tile(list + 2 * g * words, i0 / MASK_TILE))
-            backward_step(&p, &a, D, dq_acc, w, order, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 1, i_fold);
+        if (cut_tile(list + 2 * g * words, i0 / MASK_TILE))
+            backward_step(&p, &a, D, dq_acc, w, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 1);
         else
-            backward_step(&p, &a, D, dq_acc, w, order, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 0, -1);
-        i_fold = -1;   /* the fold is the first step */
+            backward_step(&p, &a, D, dq_acc, w, dK, dV, st, h, i0, h_next, i_next, d, br, fp16, 0);
         g = g_next;
         s = s_next;
     }
@@ -1275,13 +968,13 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
 /* One block per key tile: 161-162 KiB of shared memory allows one per SM anyway, and the
  * dK_j, dV_j accumulators (128 registers a thread at d = 128) need the registers. One kernel per
  * (d, br, dtype): backward_<d>_<br>_<dtype>; d = 64 has both step heights (backward_rows). */
-typedef void (*backward_fn)(attn_problem, attn_args, const float *, float *, band, const int *);
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order) { tiled_backward(p, a, D, dq_acc, w, order, 64, 128, 0); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order) { tiled_backward(p, a, D, dq_acc, w, order, 64, 128, 1); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order)  { tiled_backward(p, a, D, dq_acc, w, order, 64, 64, 0); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order)  { tiled_backward(p, a, D, dq_acc, w, order, 64, 64, 1); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order) { tiled_backward(p, a, D, dq_acc, w, order, 128, 64, 0); }
-static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w, const int *order) { tiled_backward(p, a, D, dq_acc, w, order, 128, 64, 1); }
+typedef void (*backward_fn)(attn_problem, attn_args, const float *, float *, band);
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w) { tiled_backward(p, a, D, dq_acc, w, 64, 128, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_128_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w) { tiled_backward(p, a, D, dq_acc, w, 64, 128, 1); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w)  { tiled_backward(p, a, D, dq_acc, w, 64, 64, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_64_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w)  { tiled_backward(p, a, D, dq_acc, w, 64, 64, 1); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_bf16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w) { tiled_backward(p, a, D, dq_acc, w, 128, 64, 0); }
+static __global__ void __launch_bounds__(BWD_THREADS, 1) backward_128_64_fp16(attn_problem p, attn_args a, const float *D, float *dq_acc, band w) { tiled_backward(p, a, D, dq_acc, w, 128, 64, 1); }
 
 static backward_fn pick_backward(const attn_problem *p, int br)
 {
@@ -1451,7 +1144,6 @@ static __global__ void __launch_bounds__(512) convert_dq_kernel(attn_problem p, 
     const int pitch = CONVERT_PITCH(d);
     const size_t tile = blockIdx.x;   /* (b H + h) Tr + query tile */
     const int e = threadIdx.x, fp16 = p.dtype == ATTN_FP16;
-    grid_wait();   /* for the backward kernel's atomics */
     {
         const int row = e % br, col = e / br * 2 * CHUNK;
         const int wm = row / (br / 2), mt = row % (br / 2) / MMA_M, hf = row % MMA_M / 8;
@@ -1511,85 +1203,14 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
 }
 
 #if BWD_Bc != MASK_TILE || Br != MASK_TILE
-#error "order_kernel counts mask tiles: a forward and a backward block must each take one mask tile"
+#error "build_list: a forward block's rows and a backward block's keys must each lie in one mask tile"
 #endif
 
-/* heavy_first's workspace, with a block mask only: an item (int2: tile, b H + h) per block of
- * the forward (keys = 1), a tile (int) per block of the backward. */
-static size_t order_bytes(const attn_problem *p, int keys)
-{
-    if (!p->block_mask) return 0;
-    return keys ? (size_t)attn_ceil_div(p->N_q, Br) * p->H * p->B * sizeof(int2)
-                : (size_t)attn_ceil_div(p->N_k, BWD_Bc) * p->H_kv * p->B * sizeof(int);
-}
-
-/* The forward's sections: the heads whose query tiles fill a wave of blocks (two per SM), at
- * least one (order_kernel). */
-static cudaError_t section_heads(const attn_problem *p, int *heads)
-{
-    int dev = 0, sms = 0;
-    ATTN_TRY(cudaGetDevice(&dev));
-    ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int wave = 2 * sms, tiles = attn_ceil_div(p->N_q, Br);
-    *heads = wave / tiles < 1 ? 1 : wave / tiles > p->B * p->H ? p->B * p->H : wave / tiles;
-    return cudaSuccess;
-}
-
-/* With a block mask, *order = the forward's query tiles (keys = 1) or the backward's key tiles,
- * heaviest first within sections (a kv head in the backward), in ws (order_bytes), and
- * *sorted_from = the first rank that reads it (the forward's first section takes grid order);
- * without one, NULL (block x of head y takes tile x of head y). *sorted = whether order_kernel
- * was launched (the forward's only section needs none). */
-static cudaError_t heavy_first(const attn_problem *p, const attn_args *a, int keys, void *ws,
-                               cudaStream_t s, const int **order, int *sorted_from, int *sorted)
-{
-    *order = NULL;
-    *sorted_from = *sorted = 0;
-    if (!p->block_mask) return cudaSuccess;
-    int heads = 1;
-    if (keys) ATTN_TRY(section_heads(p, &heads));
-    const int bh = p->B * (keys ? p->H : p->H_kv), section0 = keys;
-    const int sections = attn_ceil_div(bh, heads);
-    *order = (const int *)ws;
-    *sorted_from = section0 * heads * attn_ceil_div(keys ? p->N_q : p->N_k, MASK_TILE);
-    if (sections > section0) {
-        order_kernel<<<sections - section0, ORDER_THREADS, 0, s>>>(*p, *a, keys, heads, section0,
-                                                                    (int *)ws);
-        ATTN_LAUNCH_CHECK();
-        *sorted = 1;
-    }
-    return cudaSuccess;
-}
-
-/* Forward: nothing beyond L but, with a block mask, the order of the query tiles. Backward: D
- * and (atomic dQ) the fp32 dQ accumulator, both O(N), and the order of the key tiles; no
- * N x N buffer, since S_ij and P_ij are recomputed on chip from L. */
+/* Forward: nothing beyond L. Backward: D and (atomic dQ) the fp32 dQ accumulator, both O(N);
+ * no N x N buffer, since S_ij and P_ij are recomputed on chip from L. */
 static size_t workspace(const attn_problem *p, attn_dir dir)
 {
-    return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) + order_bytes(p, 0) : order_bytes(p, 1);
-}
-
-/* Launches kernel in s; with early (on sm_90), as a dependent of the kernel before it
- * (programmatic dependent launch): its blocks may start while that one's last blocks run,
- * and wait for it in grid_wait. On sm_80, or without early, it starts after that one ends. */
-static cudaError_t launch(const void *kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                          void **args, int early)
-{
-    int dev = 0, major = 0;
-    ATTN_TRY(cudaGetDevice(&dev));
-    ATTN_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    cudaLaunchAttribute dependent;
-    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    dependent.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t c = {0};
-    c.gridDim = grid;
-    c.blockDim = block;
-    c.dynamicSmemBytes = smem;
-    c.stream = s;
-    c.attrs = &dependent;
-    c.numAttrs = early && major >= 9;
-    ATTN_TRY(cudaLaunchKernelExC(&c, kernel, args));
-    return cudaSuccess;
+    return dir == ATTN_BACKWARD ? D_bytes(p) + dq_acc_bytes(p) : 0;
 }
 
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
@@ -1598,60 +1219,44 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     const attention_fn kernel = pick_forward(p);
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const int *order;
-    int sorted_from, sorted;
-    ATTN_TRY(heavy_first(p, a, 1, a->ws, s, &order, &sorted_from, &sorted));
-    /* After order_kernel, a dependent launch: the first section starts at once. */
-    band w = diagonal_band(p);
-    void *args[] = {(void *)p, (void *)a, &w, &order, &sorted_from};
-    return launch((const void *)kernel, dim3(attn_ceil_div(p->N_q, Br), p->H, p->B), dim3(THREADS),
-                  smem, s, args, sorted);
+    const dim3 grid(attn_ceil_div(p->N_q, Br), p->H, p->B);
+    kernel<<<grid, THREADS, smem, s>>>(*p, *a, diagonal_band(p));
+    ATTN_LAUNCH_CHECK();
+    return cudaSuccess;
 }
 
 /* D, then the K/V-outer backward (dK, dV written; dQ accumulated in fp32 with atomics, or
- * skipped), then dQ: scaled and rounded from the accumulator, or the deterministic dq_* kernel.
- * With a block mask the sort goes first and D's pass runs beside it; from there on each kernel
- * is launched as the dependent of the one before (launch), so that none waits for a launch. */
+ * skipped), then dQ: scaled and rounded from the accumulator, or the deterministic dq_* kernel. */
 static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
     float *D = (float *)a->ws;
     float *dq_acc = p->deterministic ? NULL : (float *)((char *)a->ws + D_bytes(p));
-    const int *order;
-    int sorted_from, sorted;
-    ATTN_TRY(heavy_first(p, a, 0, (char *)a->ws + D_bytes(p) + dq_acc_bytes(p), s, &order,
-                         &sorted_from, &sorted));
     /* rowdot_kernel: a thread per 8 elements of O, and per 8 floats of the accumulator (which
      * arrives poisoned and must start at zero). */
     const size_t n_chunks = (size_t)p->B * p->H * p->N_q * (p->d / CHUNK);
-    size_t acc_chunks = dq_acc_bytes(p) / sizeof(float) / CHUNK;
-    attn_problem pv = *p;
-    attn_args av = *a;
-    void *rowdot_args[] = {&pv, &av.d_o, &av.o, &D, &dq_acc, &acc_chunks};
-    ATTN_TRY(launch((const void *)rowdot_kernel,
-                    dim3(attn_blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS)),
-                    dim3(THREADS), 0, s, rowdot_args, sorted));
+    const size_t acc_chunks = dq_acc_bytes(p) / sizeof(float) / CHUNK;
+    rowdot_kernel<<<attn_blocks_for(n_chunks > acc_chunks ? n_chunks : acc_chunks, THREADS), THREADS, 0, s>>>(
+        *p, a->d_o, a->o, D, dq_acc, acc_chunks);
+    ATTN_LAUNCH_CHECK();
 
     const int br = backward_rows(p);
     const size_t smem = backward_smem_bytes(p);
     const backward_fn kernel = pick_backward(p, br);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    band w = diagonal_band(p);
-    void *args[] = {&pv, &av, &D, &dq_acc, &w, &order};
-    ATTN_TRY(launch((const void *)kernel, dim3(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B),
-                    dim3(BWD_THREADS), smem, s, args, 1));
+    const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
+    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, D, dq_acc, diagonal_band(p));
+    ATTN_LAUNCH_CHECK();
 
     if (dq_acc) {
-        int rows = br;
-        void *convert_args[] = {&pv, &rows, &dq_acc, &av.dq};
         const int tiles = attn_ceil_div(p->N_q, br) * p->H * p->B;   /* a block each */
-        return launch((const void *)convert_dq_kernel, dim3(tiles), dim3(br * (p->d / (2 * CHUNK))),
-                      0, s, convert_args, 1);
+        convert_dq_kernel<<<tiles, br * (p->d / (2 * CHUNK)), 0, s>>>(*p, br, dq_acc, a->dq);
+    } else {
+        const size_t dq_smem = dq_smem_bytes(p->d) + list_bytes(p, 1);
+        const dq_fn dq = pick_dq(p);
+        ATTN_TRY(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem));
+        const dim3 dq_grid(attn_ceil_div(p->N_q, DQ_Br), p->H, p->B);
+        dq<<<dq_grid, DQ_THREADS, dq_smem, s>>>(*p, *a, D, diagonal_band(p));
     }
-    const size_t dq_smem = dq_smem_bytes(p->d) + list_bytes(p, 1);
-    const dq_fn dq = pick_dq(p);
-    ATTN_TRY(cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq_smem));
-    const dim3 dq_grid(attn_ceil_div(p->N_q, DQ_Br), p->H, p->B);
-    dq<<<dq_grid, DQ_THREADS, dq_smem, s>>>(*p, *a, D, diagonal_band(p));
     ATTN_LAUNCH_CHECK();
     return cudaSuccess;
 }
