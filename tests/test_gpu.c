@@ -128,7 +128,7 @@ static void print_cmp(const char *what, const attn_cmp *c, int nc)
 static double margin_ew[5], margin_nw[5];
 
 static int compare_all(attn_cmp *c, int *nc, const attn_host *t, attn_dir dir,
-                       const attn_host *r, const char *what)
+                       const attn_ref *r, const char *what)
 {
     const int fails = attn_compare_all(c, nc, t, dir, r, NULL);
     for (int i = 0; i < *nc; i++) {
@@ -602,7 +602,7 @@ Test(gpu, masks_against_oracle, .timeout = 600)
                 } else {
                     attn_cmp c[5];
                     int nc;
-                    if (compare_all(c, &nc, &t, (attn_dir)dir, &r, st->name)) {
+                    if (compare_all(c, &nc, &t, (attn_dir)dir, &r, st[si]->name)) {
                         char what[512];
                         snprintf(what, sizeof what, "%s mask %s: FAIL against the oracle", shape,
                                  mc->mask ? mc->mask : "-");
