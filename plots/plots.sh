@@ -890,7 +890,7 @@ if [ -n "$MASKS" ]; then
         p=$((p + 1))
     done
     mshape=$(awk -F, 'NR > 1 && $10 > 0 { printf "B = %s, H = %s, head dim %s, N = %s, %s", $5, $6, $10, $8, $4; exit }' "$MASKS")
-    XKIND=fraction draw "$PLOTS_DIR/masks.png" "block-sparse masks, $mshape: time per call vs the visible fraction of (query, key) pairs; open points: causal masks; dotted: $MASKS_REF's dense time x the fraction\n$SRC_MASKS"
+    XKIND=fraction draw "$PLOTS_DIR/masks.png" "block-sparse masks, $mshape: time per call vs the visible fraction of (query, key) pairs\n$SRC_MASKS"
 fi
 # stage 8's pipeline timeline, from the traces of this GPU (plots/timeline.sh; no trace: no figure)
 traces=$(ls plots/results/trace/"$(basename "$MAIN" .csv)"-*.csv 2>/dev/null)

@@ -681,22 +681,6 @@ static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, cons
     load_tiles(QdO, a->q, a->d_o, b, i0, br, p->N_q, h, p->H, d, BWD_THREADS);
 }
 
-/* Adds a warp's part of dQ_i, dq (br/32 x d/32 accumulator tiles), to the accumulator at dst
- * and zeroes it: red.global.add.f32, coalesced (see dq_acc_bytes). Rows past N_q add zeros
- * (dO_i and D_i are zero-filled there), so no test is needed. */
-static __device__ __forceinline__ void dq_add(float *dst, float dq[][D_MAX / 32][4], int MQ, int d)
-{
-#pragma unroll
-    for (int mt = 0; mt < MQ; mt++)
-#pragma unroll
-        for (int n = 0; n < d / 4 / MMA_N; n++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                atomicAdd(dst + ((mt * (d / 32) + n) * 4 + c) * BWD_THREADS, dq[mt][n][c]);
-                dq[mt][n][c] = 0.0f;
-            }
-}
-
 /* One step of the backward loop: query tile i0 .. i0+br-1 of query head h (stage st of the
  * Q_i, dO_i buffers) against this block's K_j, V_j, after starting the loads of the next step
  * (h_next, i_next) into the other stage. masked is a literal: the steps that cross the
@@ -726,11 +710,10 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
 
     const uint32_t Q_i = QdO + st * stage_bytes, dO_i = Q_i + br * row_bytes;
     const float *L_i = (const float *)(smem + LD_off) + st * 2 * br, *D_i = L_i + br;
-    const uint32_t QdO_next = QdO + (1 - st) * stage_bytes;
-    const uint32_t LD_next = K_j + LD_off + (1 - st) * 2 * br * sizeof(float);
     cp_async_wait_all();
     __syncthreads();   /* this step has landed for all threads; all are done with the last */
-    load_step(QdO_next, LD_next, p, a, D, b, h_next, i_next, d, br);
+    load_step(QdO + (1 - st) * stage_bytes, K_j + LD_off + (1 - st) * 2 * br * sizeof(float),
+              p, a, D, b, h_next, i_next, d, br);
     cp_async_commit();
 
     /* Recompute S_ij = Q_i K_jᵀ and P_ij = exp2(S_ij scale log2e - L_i log2e) from the saved
@@ -845,7 +828,6 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
             for (int n = 0; n < D_MAX / 32; n++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) dq[mt][n][c] = 0.0f;
-        float *dst = dq_acc + (((size_t)b * p->H + h) * Tr + i0 / br) * br * d + threadIdx.x;
 #pragma unroll
         for (int k = 0; k < BWD_Bc / MMA_K; k++) {
             uint32_t sa[BWD_BR_MAX / 32][4];
@@ -862,7 +844,16 @@ static __device__ __forceinline__ void backward_step(const attn_problem *p, cons
                 }
             }
         }
-        dq_add(dst, dq, MQ, d);
+        /* red.global.add.f32, coalesced: see dq_acc_bytes. Rows past N_q add zeros (dO_i
+         * and D_i are zero-filled there), so no test is needed. */
+        float *dst = dq_acc + (((size_t)b * p->H + h) * Tr + i0 / br) * br * d + threadIdx.x;
+#pragma unroll
+        for (int mt = 0; mt < MQ; mt++)
+#pragma unroll
+            for (int n = 0; n < d / 4 / MMA_N; n++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    atomicAdd(dst + ((mt * (d / 32) + n) * 4 + c) * BWD_THREADS, dq[mt][n][c]);
     }
 }
 
