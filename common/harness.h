@@ -94,9 +94,20 @@ typedef struct {
     uint16_t *o;  float *lse;    /* forward outputs */
     uint16_t *dq, *dk, *dv;      /* backward outputs */
     unsigned char *block_mask;   /* when p.block_mask: [bm_b][bm_h][Tq][Tk], 0 or 1 (freed with t) */
+    size_t period;               /* 0, or (attn_host_alloc_timed) q, k, v, d_o hold at most this
+                                  * many elements, repeated to fill the tensors on the device,
+                                  * and o, lse, dq, dk, dv are not allocated */
 } attn_host;
 
+/* The inputs of a run that is only timed (--bench without --check, --save or --load) are drawn
+ * for at most ATTN_TIMED_PERIOD elements a tensor and repeated on the device: the time of a
+ * stage does not depend on the values, and the host's memory and fill time then stay flat in N
+ * (a million tokens of 16 heads would take 36 GiB of host tensors). 2^25 is the sweep's whole
+ * tensor (16384 tokens x hidden 2048), so only the long-context shapes repeat. */
+#define ATTN_TIMED_PERIOD ((size_t)1 << 25)
+
 int  attn_host_alloc(attn_host *t, const attn_problem *p, int backward); /* 0 ok, -1 no memory */
+int  attn_host_alloc_timed(attn_host *t, const attn_problem *p, int backward); /* see period */
 void attn_host_free(attn_host *t);
 /* Fresh inputs (q, k, v and d_o when allocated) from seed, rounded to p.dtype. Outputs are
  * filled with 0xFF bytes (NaN) so an unwritten element can never pass a check. */
@@ -116,8 +127,9 @@ typedef struct {
     size_t rows_q, rows_kv;       /* number of rows set (checked) */
     int sampled;                  /* 1 if the masks are a sample */
     int assisted;                 /* backward whose heads are too large for the oracle's own
-                                   * forward of every row: L and D of the unsampled rows come
-                                   * from the run's own L and O (see attn_oracle) */
+                                   * forward of every row: one kv head, L of its rows from the
+                                   * oracle alone, D of the unsampled rows from the run's O
+                                   * (see attn_oracle) */
     int skipped;                  /* backward too large even assisted (see note) */
     char note[ATTN_MSG_LEN];      /* "checked 64 of 16384 rows per head (sampled)" */
 } attn_sample;
@@ -136,7 +148,8 @@ extern int attn_oracle_threads;   /* 0: min(online CPUs, 16) (default); else thi
 /* Choose the rows to check: everything when B*H*N_q*N_k*d <= 2e9, else a random sample
  * (seeded). For the backward, dK/dV rows need L and D of every query row of their heads,
  * so the sample is restricted to a few heads; if the oracle's forward of even one head is
- * too big, the sample is `assisted` (L and D from the run); if that is too big, skipped. */
+ * too big, the sample is `assisted` (one head; L from the oracle alone, D from the run's O); if
+ * that is too big, skipped. */
 void attn_sample_choose(attn_sample *s, const attn_problem *p, attn_dir dir, uint64_t seed);
 void attn_sample_all(attn_sample *s);      /* every row */
 void attn_sample_free(attn_sample *s);
@@ -144,8 +157,8 @@ void attn_sample_free(attn_sample *s);
 /* Compute the reference for the rows of s (forward: o, lse; backward also dq, dk, dv,
  * with D from the oracle's own float64 O). Inputs are the rounded host inputs of t.
  * With an assisted sample (backward), t also holds the run's outputs: the oracle computes O
- * and L of the sampled rows itself (they are compared with the run's), and for the softmax
- * of every other row of the chosen heads takes the run's L and D = rowsum(dO ∘ O) of the
+ * and L of the sampled rows itself (they are compared with the run's) and L, never the run's,
+ * of every other row of the chosen head; for D = rowsum(dO ∘ O) of those rows it takes the
  * run's 16-bit O, as a kernel does. Returns 0, or -1 when out of host memory. */
 int  attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r);
 /* The same from float inputs (the tests perturb them for finite differences); d_o only

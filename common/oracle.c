@@ -25,9 +25,10 @@ int attn_oracle_threads = 0;
 #define SAMPLED_BWD_COST 8e9
 #define SAMPLE_ROWS 64       /* rows per head in a sample */
 #define SAMPLE_UNITS 2       /* kv heads (with their query heads) in a sampled backward */
-/* an assisted backward (L and D from the run) costs the oracle G N_q d per sampled key row and
- * N_k d per sampled query row; beyond this many multiply-adds it is skipped */
-#define ASSISTED_BWD_COST 4e11
+/* an assisted backward (D from the run's O) costs the oracle G N_q N_k d for L of every row of
+ * its one chosen kv head, plus G N_q d per sampled key row and N_k d per sampled query row;
+ * beyond this many multiply-adds (about a minute and a half on 16 cores) it is skipped */
+#define ASSISTED_BWD_COST 3e12
 
 void attn_sample_all(attn_sample *s)
 {
@@ -97,15 +98,16 @@ void attn_sample_choose(attn_sample *s, const attn_problem *p, attn_dir dir, uin
     int nu = (int)(SAMPLED_BWD_COST / unit_cost);
     if (nu > SAMPLE_UNITS) nu = SAMPLE_UNITS;
     if (nu > units) nu = units;
-    if (nu < 1) {   /* L and D of the unsampled rows from the run (attn_oracle) */
-        nu = units < SAMPLE_UNITS ? units : SAMPLE_UNITS;
-        const double cost = nu * (double)SAMPLE_ROWS * ((double)G * p->N_q + (double)G * p->N_k) * p->d;
+    if (nu < 1) {   /* one kv head; D of its unsampled rows from the run's O (attn_oracle) */
+        nu = 1;
+        const double cost = unit_cost +
+                            (double)SAMPLE_ROWS * ((double)G * p->N_q + (double)G * p->N_k) * p->d;
         if (cost > ASSISTED_BWD_COST) {
             s->skipped = 1;
             s->rows_q = s->rows_kv = 0;
             snprintf(s->note, sizeof s->note,
-                     "backward check skipped for size: even with L and D from the run, the sampled "
-                     "rows need %.1e multiply-adds in the float64 oracle (limit %.0e)", cost,
+                     "backward check skipped for size: even with D from the run, one kv head's L and "
+                     "its sampled rows need %.1e multiply-adds in the float64 oracle (limit %.0e)", cost,
                      ASSISTED_BWD_COST);
             return;
         }
@@ -133,8 +135,9 @@ void attn_sample_choose(attn_sample *s, const attn_problem *p, attn_dir dir, uin
              "checked %d of %d kv heads; %d of %d query rows and %d of %d key rows per head "
              "(sampled)%s", nu, units, p->N_q < SAMPLE_ROWS ? p->N_q : SAMPLE_ROWS, p->N_q,
              p->N_k < SAMPLE_ROWS ? p->N_k : SAMPLE_ROWS, p->N_k,
-             s->assisted ? "; the gradients' softmax uses this run's L and O (one head's float64 "
-                           "forward is too big), which are checked on the sampled rows" : "");
+             s->assisted ? "; the gradients take D = rowsum(dO O) from this run's O (one head's "
+                           "float64 forward is too big; O is checked on the sampled rows) and L "
+                           "from the oracle" : "");
     return;
 oom:
     attn_sample_free(s);
@@ -160,7 +163,7 @@ typedef struct {
     double *D;                          /* [B*N_q*H] row index space */
     double *mD;                         /* term magnitude of D: sqrt(sum_c (dO_c O_c)^2) */
     unsigned char *need_fwd;            /* [B*N_q*H] rows whose forward is computed */
-    const float *run_lse;               /* assisted: the run's L, read by the gradients */
+    double *own_lse;                    /* assisted: L of every row of the chosen heads (lse_row) */
     const unsigned char *bmask;         /* the block mask (p->block_mask), or NULL */
 } octx;
 
@@ -171,10 +174,10 @@ static int tile_on(const octx *c, int b, int h, int i, int j)
     return !c->bmask || attn_mask_at(c->p, c->bmask, b, h, i / ATTN_MASK_TILE, j / ATTN_MASK_TILE);
 }
 
-/* L of query row (b, h, i) for the gradients: the oracle's own, or the run's (assisted) */
+/* L of query row (b, h, i) for the gradients: from the forward, or (assisted) from lse_row */
 static double lse_of(const octx *c, size_t idx)
 {
-    return c->run_lse ? (double)c->run_lse[idx] : c->r->lse[idx];
+    return c->own_lse ? c->own_lse[idx] : c->r->lse[idx];
 }
 
 static double dot(const float *a, const float *b, int d)
@@ -300,6 +303,25 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
     }
 }
 
+/* L alone of query row r (an assisted backward: every row of a chosen head needs it, and the
+ * whole forward would cost twice as much), online: m and l updated key by key */
+static void lse_row(octx *c, size_t r)
+{
+    const attn_problem *p = c->p;
+    int h = (int)(r % p->H), i = (int)((r / p->H) % p->N_q), b = (int)(r / p->H / p->N_q);
+    int g = h / c->G, lo, hi;
+    attn_visible_keys(p, i, &lo, &hi);
+    const float *qi = qrow(c, c->q, b, i, h);
+    double m = -INFINITY, l = 0.0;
+    for (int j = lo; j < hi; j++) {
+        if (!tile_on(c, b, h, i, j)) continue;
+        const double s = (double)p->scale * dot(qi, kvrow(c, c->k, b, j, g), p->d);
+        if (s > m) { l = l * exp(m - s) + 1.0; m = s; }
+        else l += exp(s - m);
+    }
+    c->own_lse[((size_t)b * p->H + h) * p->N_q + i] = m + log(l);   /* -inf if none visible */
+}
+
 /* dQ of query row r */
 static void dq_row(octx *c, size_t r)
 {
@@ -372,7 +394,7 @@ static void dkv_row(octx *c, size_t r)
     }
 }
 
-enum { PH_FWD, PH_DQ, PH_DKV };
+enum { PH_FWD, PH_LSE, PH_DQ, PH_DKV };
 typedef struct { octx *c; int phase, tid, nt; int oom; } ojob;
 
 static void *worker(void *arg)
@@ -381,7 +403,13 @@ static void *worker(void *arg)
     octx *c = jb->c;
     const attn_problem *p = c->p;
     const attn_sample *s = c->s;
-    if (jb->phase == PH_FWD && c->need_fwd && (!c->D || c->run_lse)) {
+    if (jb->phase == PH_LSE) {
+        size_t n = (size_t)p->B * p->N_q * p->H;
+        for (size_t r = (size_t)jb->tid; r < n; r += (size_t)jb->nt) {
+            const int h = (int)(r % p->H), b = (int)(r / p->H / p->N_q);
+            if (s->mask_unit[b * p->H_kv + h / c->G]) lse_row(c, r);
+        }
+    } else if (jb->phase == PH_FWD && c->need_fwd && (!c->D || c->own_lse)) {
         /* a sampled forward: at most SAMPLE_ROWS rows per head, one head at a time */
         double *scratch = malloc(sizeof(double) * SAMPLE_ROWS * (size_t)p->N_k);
         if (!scratch) { jb->oom = 1; return NULL; }
@@ -467,10 +495,10 @@ static void run_D(octx *c, const uint16_t *run_o)
 
 static int oracle(const attn_problem *p, const float *q, const float *k, const float *v,
                   const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r,
-                  const uint16_t *run_o, const float *run_lse, const unsigned char *bmask)
+                  const uint16_t *run_o, const unsigned char *bmask)
 {
     memset(r, 0, sizeof *r);
-    if (dir == ATTN_BACKWARD && s && s->assisted && (!run_o || !run_lse)) return -1;
+    if (dir == ATTN_BACKWARD && s && s->assisted && !run_o) return -1;
     if (p->block_mask && !bmask) return -1;
     octx c = { 0 };
     c.bmask = p->block_mask ? bmask : NULL;
@@ -502,9 +530,11 @@ static int oracle(const attn_problem *p, const float *q, const float *k, const f
         memset(r->dk, 0xFF, nkv * sizeof(double));
         memset(r->dv, 0xFF, nkv * sizeof(double));
         if (s && s->assisted) {
-            /* the oracle's forward of the sampled rows only; L and D of the others: the run's */
+            /* the oracle's forward of the sampled rows only, L of every row of the chosen heads
+             * (PH_LSE); D of the others from the run's O */
             c.need_fwd = s->mask_q;
-            c.run_lse = run_lse;
+            c.own_lse = malloc(attn_numel_lse(p) * sizeof(double));
+            if (!c.own_lse) goto out;
             run_D(&c, run_o);
         } else if (s && s->mask_unit) {
             /* every row of every query head of a chosen kv head */
@@ -517,6 +547,7 @@ static int oracle(const attn_problem *p, const float *q, const float *k, const f
         }
     }
     if (run_phase(&c, PH_FWD)) goto out;
+    if (c.own_lse && run_phase(&c, PH_LSE)) goto out;
     if (dir == ATTN_BACKWARD) {
         if (run_phase(&c, PH_DQ) || run_phase(&c, PH_DKV)) goto out;
     }
@@ -525,6 +556,7 @@ out:
     if (dir == ATTN_BACKWARD && !(s && s->assisted)) free(c.need_fwd);
     free(c.D);
     free(c.mD);
+    free(c.own_lse);
     if (rc) attn_ref_free(r);
     return rc;
 }
@@ -532,7 +564,7 @@ out:
 int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
                     const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r)
 {
-    return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL, NULL);
+    return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL);
 }
 
 int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r)
@@ -546,7 +578,7 @@ int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref
     int rc = -1;
     memset(r, 0, sizeof *r);
     if (q && k && v && (dir == ATTN_FORWARD || d_o))
-        rc = oracle(p, q, k, v, d_o, dir, s, r, t->o, t->lse, t->block_mask);
+        rc = oracle(p, q, k, v, d_o, dir, s, r, t->o, t->block_mask);
     free(q); free(k); free(v); free(d_o);
     return rc;
 }

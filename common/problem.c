@@ -117,6 +117,25 @@ int attn_host_alloc(attn_host *t, const attn_problem *p, int backward)
     return 0;
 }
 
+int attn_host_alloc_timed(attn_host *t, const attn_problem *p, int backward)
+{
+    memset(t, 0, sizeof *t);
+    t->p = *p;
+    t->backward = backward;
+    t->period = ATTN_TIMED_PERIOD;
+    size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p);
+    nq = nq < t->period ? nq : t->period;
+    nkv = nkv < t->period ? nkv : t->period;
+    t->q = malloc(nq * 2); t->k = malloc(nkv * 2); t->v = malloc(nkv * 2);
+    int ok = t->q && t->k && t->v;
+    if (backward) {
+        t->d_o = malloc(nq * 2);
+        ok = ok && t->d_o;
+    }
+    if (!ok) { attn_host_free(t); return -1; }
+    return 0;
+}
+
 void attn_host_free(attn_host *t)
 {
     free(t->q); free(t->k); free(t->v); free(t->d_o);
@@ -197,11 +216,16 @@ void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)
     /* large logits: q.k ~ 1e4 * sqrt(d), times scale 1/sqrt(d); medium: 1e2 */
     const double big = 100.0, medium = 10.0;
     double mul_qk = kind == ATTN_INPUT_LARGE_LOGITS ? big : kind == ATTN_INPUT_MEDIUM_LOGITS ? medium : 1.0;
-    fill_normal(t->q, attn_numel_q(p), seed, 1, mul_qk, p->dtype);
-    fill_normal(t->k, attn_numel_kv(p), seed, 2, mul_qk, p->dtype);
-    fill_normal(t->v, attn_numel_kv(p), seed, 3, 1.0, p->dtype);
-    if (t->d_o) fill_normal(t->d_o, attn_numel_q(p), seed, 4, 1.0, p->dtype);
-    if (kind == ATTN_INPUT_FLAT_ROWS) {
+    size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p);
+    if (t->period) {   /* attn_host_alloc_timed: the part the host holds */
+        nq = nq < t->period ? nq : t->period;
+        nkv = nkv < t->period ? nkv : t->period;
+    }
+    fill_normal(t->q, nq, seed, 1, mul_qk, p->dtype);
+    fill_normal(t->k, nkv, seed, 2, mul_qk, p->dtype);
+    fill_normal(t->v, nkv, seed, 3, 1.0, p->dtype);
+    if (t->d_o) fill_normal(t->d_o, nq, seed, 4, 1.0, p->dtype);
+    if (kind == ATTN_INPUT_FLAT_ROWS && !t->period) {
         /* every key of head (b, g) = the same vector plus 1e-3 noise: all scores of a row
          * nearly equal, so P is nearly uniform and O nearly the mean of V */
         const double noise = 1e-3;

@@ -288,7 +288,7 @@ Test(oracle, sampling_covers_big_shapes)
     attn_sample_choose(&s, &p, ATTN_BACKWARD, 1);
     cr_assert(s.sampled && s.assisted && !s.skipped,
               "a 16384^2 x 128 head is too big for the oracle's own forward, not for an assisted check: %s", s.note);
-    cr_assert(strstr(s.note, "this run's L and O") != NULL, "%s", s.note);
+    cr_assert(strstr(s.note, "L from the oracle") != NULL, "%s", s.note);
     attn_sample_free(&s);
     p.N_q = p.N_k = 1 << 26;   /* 67M tokens: even the assisted sampled rows are too many */
     attn_sample_choose(&s, &p, ATTN_BACKWARD, 1);
@@ -333,9 +333,9 @@ Test(oracle, sampled_rows_match_full)
     attn_host_free(&t);
 }
 
-/* An assisted backward (L and D from the run) gives the full oracle's gradients when the run's
- * L and O are the oracle's own, rounded as a stage stores them (L to fp32, O to the dtype): the
- * only differences are those roundings, entering through D and P. Its own O and L of the
+/* An assisted backward (its own L, D from the run's O) gives the full oracle's gradients when the
+ * run's O is the oracle's own, rounded as a stage stores it: the only difference is that
+ * rounding, entering through D; the run's L is never read. Its own O and L of the
  * sampled rows are the full oracle's, bit for bit; an assisted sample without the run's outputs
  * is refused. */
 Test(oracle, assisted_backward_matches_full)
@@ -380,6 +380,19 @@ Test(oracle, assisted_backward_matches_full)
         }
     cr_assert(worst < 4 * attn_unit_roundoff(p.dtype), "assisted vs full: %g", worst);
     cr_assert(worst > 0.0, "the run's rounded O must make some difference (the check can fail)");
+    /* the reference never reads the run's L: a run whose L is off by 0.02 everywhere gets the
+     * same gradients to check against, so its own L (and the gradients it computed from it) fail */
+    for (size_t i = 0; i < attn_numel_lse(&p); i++) t.lse[i] += 0.02f;
+    attn_ref again;
+    cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, &s, &again), 0);
+    for (int k = 0; k < 3; k++)
+        for (int c = 0; c < p.d; c++) {
+            const size_t qi = (((size_t)1 * p.N_q + qrows[k]) * p.H + 3) * p.d + c;
+            const size_t ki = (((size_t)1 * p.N_k + krows[k]) * p.H_kv + 1) * p.d + c;
+            cr_assert(again.dq[qi] == part.dq[qi] && again.dk[ki] == part.dk[ki] &&
+                      again.dv[ki] == part.dv[ki], "the assisted reference read the run's L");
+        }
+    attn_ref_free(&again);
     attn_sample_free(&s);
     attn_ref_free(&full); attn_ref_free(&part);
     attn_host_free(&t);
