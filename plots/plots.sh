@@ -339,7 +339,7 @@ ORDER=$(awk -F, 'FNR > 1 && $2 !~ /^ceiling_/ { print $2 }' "$MAIN" ${LONG:+"$LO
     awk '{ print (/^[0-9]/ ? 0 : $0 == "cublas" ? 1 : $0 == "torch_flash" ? 2 : $0 == "torch_cudnn" ? 3 : $0 == "torch_flex" ? 4 : 5), $0 }' |
     sort -k1,1n -k2,2 | cut -d' ' -f2 | tr '\n' ' ')
 awk -v order="$ORDER" -v lts="$DAT/lts" 'BEGIN {
-    npal = split("#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #17becf #393b79", pal, " ")
+    npal = split("#1f77b4 #ff7f0e #2ca02c #d62728 #9467bd #8c564b #e377c2 #17becf #393b79 #e6ab02 #1b9e77 #7f0000", pal, " ")
     m = split(order, stage, " ")
     k = 0
     for (i = 1; i <= m; i++) {
@@ -733,7 +733,7 @@ for dir in forward backward; do
     [ -z "$same_note" ] || note "$p" "not drawn, within 1% of 1 at every N: $same_note"
     p=$((p + 1))
 done
-draw "$PLOTS_DIR/speedup.png" "each stage over its parent: the parent's time / the stage's (dashed: cuBLAS's / the stage's); head dim 128, non-causal, $shape\n$SRC_MAIN"
+draw "$PLOTS_DIR/speedup.png" "each stage over its parent (dashed: over cuBLAS), head dim 128, non-causal, $shape\n$SRC_MAIN"
 
 # io_same_hardware.png: standard attention on the tensor cores against FA-1 and FA-2
 begin
