@@ -36,8 +36,7 @@ Optionally (--gemm, sweep shapes only) two ceiling rows, measured in the same ru
 
 Timing is the harness's bench protocol (common/runner.c), rule for rule: untimed runs until
 the clock has settled (300 ms, at least 2 runs, or one run of 250 ms), then the median of the
-timed runs (at least 10 and 500 ms, at most 200; a slow shape stops after 3 runs once 1 s was
-timed); CUDA events around each run, the L2 flushed before every run (a 2 x L2 buffer filled
+timed runs (at least 10 and 500 ms, at most 200; a slow shape stops once 1 s was timed); CUDA events around each run, the L2 flushed before every run (a 2 x L2 buffer filled
 outside the events), runs queued about 20 ms at a time. The constants are read from
 common/runner.c's #defines, so the two cannot drift apart. Both ceilings are timed the same way.
 
