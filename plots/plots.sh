@@ -47,7 +47,7 @@
 #       colour of the stage the step introduces (forward and backward, d = 128, non-causal; the
 #       parent is the stage the header names, plots/stage_diff.sh --parents, or where it has no
 #       rows in that direction its nearest ancestor with some, so the backward of 04_backward
-#       is over 01_naive's and 10_block_sparse is over 06_fa2); dashed: the tensor-core stages over
+#       is over 01_naive's and 12_block_sparse is over 06_fa2); dashed: the tensor-core stages over
 #       cuBLAS (TC_STAGES). A stage without rows in a direction has no step there (07_wgmma
 #       is forward only: its step is 06_fa2 -> 07_wgmma forward, and the backward panel ends
 #       at 06_fa2). A step whose ratio is within 1% of 1 at every N (04_backward's forward,

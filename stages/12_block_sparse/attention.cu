@@ -1,4 +1,4 @@
-/* stages/10_block_sparse/attention.cu: block-sparse and sliding-window FlashAttention-2
+/* stages/12_block_sparse/attention.cu: block-sparse and sliding-window FlashAttention-2
  * (mma.sync, sm_80 and up).
  *
  * Changed from 06_fa2: the same kernels, told which tiles to skip. A tile that the mask zeroes
@@ -15,10 +15,10 @@
  * Why: sliding windows, local + global tokens and random blocks are where exact attention does
  *   a fraction of the work, if the kernel skips what the mask zeroes.
  * Time: falls with the density; below dense 06_fa2's rate on the visible pairs, the more so
- *   the sparser the mask (docs/10_block_sparse.md, generated).
+ *   the sparser the mask (docs/12_block_sparse.md, generated).
  * Memory: as 06_fa2, plus in shared memory the lists (two words per 32 mask tiles, per query
  *   head in the backward) and the d = 128 forward's row sums (2 KiB).
- * Run: make build/10_block_sparse && build/10_block_sparse --seqlen 8192 --dim 128 \
+ * Run: make build/12_block_sparse && build/12_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
  */
 #include <limits.h>
@@ -1167,16 +1167,16 @@ static __global__ void __launch_bounds__(512) convert_dq_kernel(attn_problem p, 
 static int check(const attn_problem *p, attn_dir dir, char *why)
 {
     if (p->d != 64 && p->d != 128) {
-        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 10_block_sparse supports 64 and 128", p->d);
+        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 12_block_sparse supports 64 and 128", p->d);
         return 1;
     }
     if (!(p->scale > 0.0f)) {   /* the running max is taken on unscaled scores */
-        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 10_block_sparse needs a positive scale", p->scale);
+        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 12_block_sparse needs a positive scale", p->scale);
         return 1;
     }
     int smem_max = 0;
     if (attn_smem_per_block(&smem_max)) {
-        snprintf(why, ATTN_WHY_LEN, "10_block_sparse cannot query the device");
+        snprintf(why, ATTN_WHY_LEN, "12_block_sparse cannot query the device");
         return 1;
     }
     const size_t keys_list = list_bytes(p, 1);
@@ -1186,7 +1186,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d at N_q = %d, N_k = %d needs %zu KiB of shared memory for the tiles and "
-                 "the tile list; this GPU gives a block %d KiB, too little for stage 10_block_sparse",
+                 "the tile list; this GPU gives a block %d KiB, too little for stage 12_block_sparse",
                  p->d, p->N_q, p->N_k, (smem + 1023) / 1024, smem_max / 1024);
         return 1;
     }
@@ -1252,8 +1252,8 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     return cudaSuccess;
 }
 
-ATTN_EXPORT const attn_stage stage_10_block_sparse = {
-    "10_block_sparse",
+ATTN_EXPORT const attn_stage stage_12_block_sparse = {
+    "12_block_sparse",
     "block-sparse FlashAttention-2: per-tile lists skip the tiles a block mask or a window zeroes",
     "head dim 64 or 128; bf16, fp16; any N; causal, sliding window, block masks; GQA; dQ by fp32 atomics, or deterministic",
     80,
