@@ -154,6 +154,16 @@ static __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorM
                  :: "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
 
+/* Copy `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory at src to
+ * shared memory at dst, a 1-D bulk copy without a tensor map; on landing the bytes complete a
+ * transaction of the mbarrier bar. One thread. */
+static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                                 uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
 /* Store a box from shared memory at src (1024-byte aligned, the same swizzled layout) to the
  * tensor at coordinates (c0, c1, c2, c3); rows past the tensor's end are not written. One
  * thread; the copy runs on after the instruction: commit it, and wait (bulk_wait_read_0)
@@ -318,6 +328,13 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
     " wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " ACC ", {" A0 ", " A1     \
     ", " A2 ", " A3 "}, " B ", p, 1, 1, 1;\n}\n"
 
+/* SS with both operands MN-major (trans-a 1, trans-b 1): for dQ = dS K_j, with dS stored
+ * transposed, [keys][queries] (M contiguous), and K_j [keys][d] (N contiguous). */
+#define WGMMA_SS_TT(N, TY, ACC, A, B, SC)                                                   \
+    "{\n .reg .pred p;\n setp.ne.b32 p, " SC ", 0;\n"                                        \
+    " wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TY "." TY " " ACC ", " A ", " B        \
+    ", p, 1, 1, 1, 1;\n}\n"
+
 /* One wrapper per shape, written by these two macros: wgmma_ss_n<N>(d, a, b, scale_d, fp16) and
  * wgmma_rs_n<N>(d, a[4], b, scale_d, fp16), d holding N/2 floats per thread. NACC, ACC, DOUT
  * and WOUT are the accumulator count and lists above; the other arguments are the %-numbers
@@ -358,6 +375,16 @@ static __device__ __forceinline__ void wgmma_hold(float *d, int n)
 WGMMA_SS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, WGMMA_W32, "%32", "%33", "%34")
 WGMMA_SS_FN(80, 40, WGMMA_ACC_40, WGMMA_D40, WGMMA_W40, "%40", "%41", "%42")
 WGMMA_SS_FN(128, 64, WGMMA_ACC_64, WGMMA_D64, WGMMA_W64, "%64", "%65", "%66")
+
+/* m64n64k16 with both operands MN-major, from shared memory (the backward's dQ = dS K_j). */
+static __device__ __forceinline__ void wgmma_ss_tt_n64(float d[32], uint64_t a, uint64_t b,
+                                                       int scale_d, int fp16)
+{
+    if (fp16) asm volatile(WGMMA_SS_TT("64", "f16", WGMMA_ACC_32, "%32", "%33", "%34")
+                           : WGMMA_D32(d) : "l"(a), "l"(b), "r"(scale_d));
+    else      asm volatile(WGMMA_SS_TT("64", "bf16", WGMMA_ACC_32, "%32", "%33", "%34")
+                           : WGMMA_D32(d) : "l"(a), "l"(b), "r"(scale_d));
+}
 
 /* m64n64k16, m64n128k16 and m64n256k16 with A from registers (O += P V, N = d). */
 WGMMA_RS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, "%32", "%33", "%34", "%35", "%36", "%37")
