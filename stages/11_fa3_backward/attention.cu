@@ -742,6 +742,7 @@ static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
 #define BWD_REGS    240                       /* a consumer's registers (producer: 24) */
 #define BAR_DS      8                         /* both consumers: dSᵀ of the step is stored */
 #define BAR_DKV     9                         /* both consumers: done with K_j and V_j */
+#define BAR_WG      10                        /* BAR_WG + c: consumer c alone (deterministic dQ) */
 
 /* Dynamic shared memory of the backward, 16-bit tiles of 64-column boxes: K_j, V_j [Bc][d];
  * STAGES x Q_i, dO_i [Br][d]; two dSᵀ buffers [Bc][Br] (keys as rows, queries as columns);
@@ -779,12 +780,14 @@ static __device__ __forceinline__ bwd_smem bwd_layout(int d)
 /* The backward's workspace: L in base 2 (+inf for a row that sees no key and for the rows past
  * N_q up to a whole query tile) and D = rowsum(dO ∘ O), fp32 [B, H, Nq_pad] each, Nq_pad = N_q
  * rounded up to a query tile (so that every step's L_i, D_i is one aligned bulk copy); then the
- * fp32 dQ accumulator, [B, H, Nq_pad, d] in the consumers' fragment order (bwd_dq_slot). */
+ * fp32 dQ accumulator, [B, H, Nq_pad, d] in the consumers' fragment order (bwd_dq_slot); then
+ * (--deterministic) a semaphore per query tile, an int [B, H, Nq_pad / Br]. */
 static size_t bwd_rows(const attn_problem *p) { return (size_t)attn_ceil_div(p->N_q, BWD_Br(p->d)) * BWD_Br(p->d); }
 static size_t bwd_ld_bytes(const attn_problem *p) { return (size_t)p->B * p->H * bwd_rows(p) * sizeof(float); }
+static size_t bwd_acc_bytes(const attn_problem *p) { return bwd_ld_bytes(p) * p->d; }
 static size_t bwd_workspace(const attn_problem *p)
 {
-    return 2 * bwd_ld_bytes(p) + (size_t)p->B * p->H * bwd_rows(p) * p->d * sizeof(float);
+    return 2 * bwd_ld_bytes(p) + bwd_acc_bytes(p) + bwd_ld_bytes(p) / BWD_Br(p->d);
 }
 
 /* Where element (row r, column col) of query tile `tile` (of br rows) lives in the dQ
@@ -804,7 +807,8 @@ static __host__ __device__ __forceinline__ size_t bwd_dq_slot(size_t tile, int r
 /* Preprocess: for every row of every head, L in base 2 and D_i = rowsum(dO_i ∘ O_i), into the
  * padded rows of the workspace; the dQ accumulator set to zero. A thread per row (the rows of
  * a warp are neighbours in O's [B, N, H, d] layout when H > 1). */
-static __global__ void bwd_preprocess(attn_problem p, attn_args a, float *L2, float *D, float *dq_acc)
+static __global__ void bwd_preprocess(attn_problem p, attn_args a, float *L2, float *D, float *dq_acc,
+                                      int *sem)
 {
     const size_t rows = (size_t)p.B * p.H * ((p.N_q + BWD_Br(p.d) - 1) / BWD_Br(p.d) * BWD_Br(p.d));
     const int n_pad = (int)(rows / ((size_t)p.B * p.H)), fp16 = p.dtype == ATTN_FP16;
@@ -812,6 +816,7 @@ static __global__ void bwd_preprocess(attn_problem p, attn_args a, float *L2, fl
          e += (size_t)gridDim.x * blockDim.x)
         ((float4 *)dq_acc)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x < rows / BWD_Br(p.d)) sem[x] = 0;
     if (x >= rows) return;
     const int h = (int)(x % p.H), i = (int)(x / p.H % n_pad), b = (int)(x / p.H / n_pad);
     const size_t at = ((size_t)b * p.H + h) * n_pad + i;
@@ -862,11 +867,25 @@ static __device__ __forceinline__ void bwd_step_of(int t, int per_head, int firs
     *qt = first + t % per_head;
 }
 
+/* Wait until the semaphore at s reaches `turn` (a load with acquire semantics, so that the adds
+ * counted before are visible); a wait past MBAR_TIMEOUT_NS ends the kernel with a named error
+ * (hopper_fail), never a hang. */
+static __device__ __forceinline__ void sem_wait(const int *s, int turn)
+{
+    const uint64_t start = global_ns();
+    for (;;) {
+        int v;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(s) : "memory");
+        if (v >= turn) return;
+        if (global_ns() - start > MBAR_TIMEOUT_NS) hopper_fail();
+    }
+}
+
 /* One step of consumer c: query rows i0 .., head h; stage st of the rings, dSᵀ buffer u.
  * masked (a literal at each call) masks the scores of keys after a query (causal) and keys
  * past N_k. dk, dv: this consumer's 64 keys x d accumulators. */
 static __device__ __forceinline__ void bwd_step(const attn_problem *p, const attn_args *a,
-                                                float *dq_acc, int c, int b, int h, int i0,
+                                                float *dq_acc, int *sem, int c, int b, int h, int i0,
                                                 int j0, int st, int u, float dk[][4],
                                                 float dv[][4], const int masked, const int d,
                                                 const int fp16)
@@ -985,19 +1004,31 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     mbar_arrive(sm.o_empty + 8 * st);
 
     /* dQ_i's part, added to the accumulator: red.global.add.f32, a warp's 32 lanes on 32
-     * consecutive floats (bwd_dq_slot). Rows past N_q add zeros. */
+     * consecutive floats (bwd_dq_slot). Rows past N_q add zeros. Deterministic: the key tiles
+     * add to a query tile one after the other, in the order of j (every key tile before this
+     * one sees the query tile too), counted by the tile's semaphore: two arrivals a block. */
     const int n_t = (p->N_q + br - 1) / br;
-    float *dst = dq_acc + (((size_t)b * p->H + h) * n_t + i0 / br) * br * d + (size_t)c * 64 * 64 + tid;
+    const size_t tile = ((size_t)b * p->H + h) * n_t + i0 / br;
+    float *dst = dq_acc + tile * br * d + (size_t)c * 64 * 64 + tid;
+    if (sem) {
+        if (tid == 0) sem_wait(sem + tile, 2 * (int)blockIdx.x);
+        bar_sync(BAR_WG + c, WARPGROUP);
+    }
 #pragma unroll
     for (int n = 0; n < 64 / MMA_N; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) atomicAdd(dst + (n * 4 + e) * WARPGROUP, dq[n][e]);
+    if (sem) {
+        __threadfence();
+        bar_sync(BAR_WG + c, WARPGROUP);
+        if (tid == 0) atomicAdd(sem + tile, 1);
+    }
 }
 
 /* One block: key tile j0 .. j0+Bc-1 of kv head h_kv, batch b. */
 static __device__ __forceinline__ void tiled_backward(const attn_problem p, const attn_args a,
                                                       const float *L2, const float *D, float *dq_acc,
-                                                      const CUtensorMap *tmQ, const CUtensorMap *tmK,
+                                                      int *sem, const CUtensorMap *tmQ, const CUtensorMap *tmK,
                                                       const CUtensorMap *tmV, const CUtensorMap *tmO,
                                                       const CUtensorMap *tmdK, const CUtensorMap *tmdV,
                                                       const int d, const int fp16)
@@ -1065,9 +1096,9 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         mbar_wait(sm.q_full + 8 * st, ph);
         mbar_wait(sm.o_full + 8 * st, ph);
         if (cut || (p.causal && i0 < j0 + BWD_Bc - 1))
-            bwd_step(&p, &a, dq_acc, c, b, h, i0, j0, st, t % 2, dk, dv, 1, d, fp16);
+            bwd_step(&p, &a, dq_acc, sem, c, b, h, i0, j0, st, t % 2, dk, dv, 1, d, fp16);
         else
-            bwd_step(&p, &a, dq_acc, c, b, h, i0, j0, st, t % 2, dk, dv, 0, d, fp16);
+            bwd_step(&p, &a, dq_acc, sem, c, b, h, i0, j0, st, t % 2, dk, dv, 0, d, fp16);
     }
 
     /* dK_j = scale sum dSᵀ Q_i and dV_j = sum Pᵀ dO_i, rounded, into K_j's and V_j's tiles once
@@ -1096,17 +1127,17 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     }
 }
 
-typedef void (*backward_fn)(attn_problem, attn_args, const float *, const float *, float *,
+typedef void (*backward_fn)(attn_problem, attn_args, const float *, const float *, float *, int *,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap);
 #define BWD_KERNEL(name, d, fp16)                                                                 \
     static __global__ void __launch_bounds__(BWD_THREADS, 1)                                      \
-    name(attn_problem p, attn_args a, const float *L2, const float *D, float *dq_acc,              \
+    name(attn_problem p, attn_args a, const float *L2, const float *D, float *dq_acc, int *sem,    \
          const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,         \
          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmO,         \
          const __grid_constant__ CUtensorMap tmdK, const __grid_constant__ CUtensorMap tmdV)       \
-    { tiled_backward(p, a, L2, D, dq_acc, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16); }
+    { tiled_backward(p, a, L2, D, dq_acc, sem, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16); }
 BWD_KERNEL(backward_64_bf16, 64, 0)
 BWD_KERNEL(backward_64_fp16, 64, 1)
 BWD_KERNEL(backward_128_bf16, 128, 0)
@@ -1116,9 +1147,10 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
 {
     float *L2 = (float *)a->ws, *D = (float *)((char *)a->ws + bwd_ld_bytes(p));
     float *dq_acc = (float *)((char *)a->ws + 2 * bwd_ld_bytes(p));
+    int *sem = (int *)((char *)dq_acc + bwd_acc_bytes(p));   /* used when deterministic */
     const size_t rows = (size_t)p->B * p->H * bwd_rows(p);
     const size_t zero4 = rows * p->d / 4;
-    bwd_preprocess<<<attn_blocks_for(rows > zero4 ? rows : zero4, 256), 256, 0, s>>>(*p, *a, L2, D, dq_acc);
+    bwd_preprocess<<<attn_blocks_for(rows > zero4 ? rows : zero4, 256), 256, 0, s>>>(*p, *a, L2, D, dq_acc, sem);
     ATTN_LAUNCH_CHECK();
     const int fp16 = p->dtype == ATTN_FP16, br = BWD_Br(p->d);
     const backward_fn kernel = p->d == 64 ? (fp16 ? backward_64_fp16 : backward_64_bf16)
@@ -1134,7 +1166,8 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     const size_t smem = bwd_smem_bytes(p->d);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
-    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, L2, D, dq_acc, tmQ, tmK, tmV, tmO, tmdK, tmdV);
+    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, L2, D, dq_acc, p->deterministic ? sem : NULL,
+                                           tmQ, tmK, tmV, tmO, tmdK, tmdV);
     ATTN_LAUNCH_CHECK();
     const size_t n = (size_t)p->B * p->N_q * p->H * p->d;
     bwd_postprocess<<<attn_blocks_for(n, 256), 256, 0, s>>>(*p, dq_acc, a->dq);
