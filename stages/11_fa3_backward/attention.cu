@@ -16,7 +16,7 @@
  *   0.63x cuDNN on an H200.
  * Expected: FA-3 reports 1.5-1.75x FA-2's backward; the goal is cuDNN's (docs/11_fa3_backward.md).
  * Memory: L, and in the backward's workspace D and L2 (fp32 per row) and the fp32 dQ
- *   accumulator (4 bytes per element of dQ). Shared memory: 144 KiB at d = 128, 160 KiB at 64.
+ *   accumulator (4 bytes per element of dQ). Shared memory: 161 KiB at d = 128, 162 KiB at 64.
  *   Backward at head dims 64 and 128 (256 would need 256 registers for dK_j, dV_j alone).
  *
  * Run: make build/11_fa3_backward && build/11_fa3_backward --seqlen 8192 --dim 128 --backward --check --bench
