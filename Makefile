@@ -186,12 +186,12 @@ sanitize: all
 # ---- benchmarks and plots (scripts owned by plots/) ----------------------------------
 bench: all
 ifeq ($(PART),hopper)
-	PART=hopper STAGES="$(HOPPER_STAGES) torch" sh plots/bench.sh
+	PART=hopper STAGES="06_fa2 $(HOPPER_STAGES) torch" sh plots/bench.sh
 else ifneq ($(PART),)
 	PART=$(PART) sh plots/bench.sh
 else
 	sh plots/bench.sh
-	PART=hopper STAGES="$(HOPPER_STAGES) torch" sh plots/bench.sh
+	PART=hopper STAGES="06_fa2 $(HOPPER_STAGES) torch" sh plots/bench.sh
 	sh plots/bytes.sh || echo "bench: no DRAM byte counts (plots/bytes.sh, above, says why)"
 endif
 

@@ -223,8 +223,8 @@ fi
 # --------------------------------------------------------------------------------------
 # Settings.
 
-# PART=hopper: the Hopper stages' forward beside the anchors at d = 64, 128 and 256 (STAGES: the
-# Makefile passes them and torch), one run into <gpu>-hopper.csv (plots/hopper_tables.sh reads
+# PART=hopper: the Hopper stages beside the anchors and stage 6 (the fastest mma.sync backward)
+# at d = 64, 128 and 256, forward and backward (STAGES: the Makefile passes them and torch), one run into <gpu>-hopper.csv (plots/hopper_tables.sh reads
 # it); the sweep's, long-context and masks files are left as they are.
 case ${PART:-} in
     ""|hopper) ;;
@@ -234,7 +234,7 @@ case ${PART:-} in
     *) echo "bench: PART=$PART: one of sweep, long, masks, hopper" >&2; exit 2 ;;
 esac
 if [ "${PART:-}" = hopper ]; then
-    DIMS=${DIMS:-"64 128 256"} NS=${NS:-"2048 4096 8192 16384"} DIRS=${DIRS:-forward}
+    DIMS=${DIMS:-"64 128 256"} NS=${NS:-"2048 4096 8192 16384"} DIRS=${DIRS:-"forward backward"}
     SWEEP=1 LONG=0 MASKS=0 MERGE=0
     BENCH_CSV=${BENCH_CSV:-}
     PART_SUFFIX=-hopper PART_NAME=hopper
