@@ -955,19 +955,6 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         sa[k][2] = pack_x2(dp[2 * k + 1][0], dp[2 * k + 1][1], fp16);
         sa[k][3] = pack_x2(dp[2 * k + 1][2], dp[2 * k + 1][3], fp16);
     }
-    /* dSᵀ to shared memory, [keys][queries] in 64-query boxes: dQ_i's product reads all 128
-     * keys of it, both consumers' rows. */
-    const uint32_t dS = sm.dS + u * BWD_Bc * br * 2;
-#pragma unroll
-    for (int n = 0; n < br / MMA_N; n++)
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int r = c * WG_ROWS + warp * 16 + lane / QUAD + 8 * hf, q = MMA_N * n + q0;
-            *(uint32_t *)(smem_ptr(dS) + q / BOX_COLS * BWD_Bc * BOX_ROW + box_swz(r, q % BOX_COLS / CHUNK) + q % CHUNK * 2) =
-                sa[n / 2][2 * (n % 2) + hf];
-        }
-    fence_proxy_async();
-
     /* dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i: M = keys, N = d, K = queries; dO_i and Q_i are the B
      * operands, MN-major (d contiguous), as V_j in the forward. */
     wgmma_fence();
@@ -979,6 +966,19 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         else         { wgmma_rs_n128(&dv[0][0], pa[k], b_o, 1, fp16); wgmma_rs_n128(&dk[0][0], sa[k], b_q, 1, fp16); }
     }
     wgmma_commit();
+
+    /* dSᵀ to shared memory, [keys][queries] in 64-query boxes, while those products run: dQ_i's
+     * product reads all 128 keys of it, both consumers' rows. */
+    const uint32_t dS = sm.dS + u * BWD_Bc * br * 2;
+#pragma unroll
+    for (int n = 0; n < br / MMA_N; n++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int r = c * WG_ROWS + warp * 16 + lane / QUAD + 8 * hf, q = MMA_N * n + q0;
+            *(uint32_t *)(smem_ptr(dS) + q / BOX_COLS * BWD_Bc * BOX_ROW + box_swz(r, q % BOX_COLS / CHUNK) + q % CHUNK * 2) =
+                sa[n / 2][2 * (n % 2) + hf];
+        }
+    fence_proxy_async();
 
     /* dQ_i = dS K_j over all 128 keys, once both consumers' dSᵀ is stored: each consumer a
      * 64 x 64 part (d = 128: columns 64c ..; d = 64: rows 64c ..). A = dS, stored transposed
