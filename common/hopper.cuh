@@ -175,6 +175,15 @@ static __device__ __forceinline__ void tma_store_4d(const CUtensorMap *map, uint
                  :: "l"(map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 
+/* Add `bytes` of fp32 values (a multiple of 16, both addresses 16-byte aligned) from shared
+ * memory at src to global memory at dst, element by element, in the L2 (a 1-D bulk reduce).
+ * One thread; committed and waited for as a bulk store. */
+static __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+
 /* Close this thread's bulk stores issued so far into a group; wait until every group has read
  * its shared memory (the global writes may still be in flight: the kernel's end flushes them). */
 static __device__ __forceinline__ void bulk_commit(void)
@@ -185,6 +194,12 @@ static __device__ __forceinline__ void bulk_commit(void)
 static __device__ __forceinline__ void bulk_wait_read_0(void)
 {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+/* Wait until every group has completed, its global writes (or reductions) included. */
+static __device__ __forceinline__ void bulk_wait_0(void)
+{
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 /* ---- device: named barriers and register reallocation (warp specialisation) --------------- */

@@ -739,22 +739,28 @@ static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
 #define BWD_Bc      128                       /* keys per block: two consumers of 64 */
 #define BWD_Br(d)   ((d) == 64 ? 128 : 64)    /* query rows per step */
 #define BWD_THREADS (3 * WARPGROUP)           /* producer, two consumers */
-#define BWD_REGS    240                       /* a consumer's registers (producer: 24) */
+#define BWD_REGS    232                       /* a consumer's registers ... */
+#define BWD_PRODUCER_REGS 32                  /* ... and the producer's (its dQ writer's loop) */
 #define BAR_DS      8                         /* both consumers: dSᵀ of the step is stored */
 #define BAR_DKV     9                         /* both consumers: done with K_j and V_j */
 #define BAR_WG      10                        /* BAR_WG + c: consumer c alone (deterministic dQ) */
+#ifndef DQ_ATOMICS   /* knob: OFF=dq_atomics, a writer warp adds dQ_i by a bulk reduce from shared memory */
+#define DQ_ATOMICS 1
+#endif
+#define DQ_SLICE    (64 * 64 * 4)             /* bytes of a consumer's part of dQ_i (writer) */
 
 /* Dynamic shared memory of the backward, 16-bit tiles of 64-column boxes: K_j, V_j [Bc][d];
  * STAGES x Q_i, dO_i [Br][d]; two dSᵀ buffers [Bc][Br] (keys as rows, queries as columns);
  * STAGES x L_i, D_i [Br] fp32; then the mbarriers: K/V's, and full and empty ones per stage
  * for Q_i (with L_i) and for dO_i (with D_i). */
-typedef struct { uint32_t K, V, Q, dO, dS, L, D, kv, q_full, q_empty, o_full, o_empty; } bwd_smem;
+typedef struct { uint32_t K, V, Q, dO, dS, dQ, L, D, kv, q_full, q_empty, o_full, o_empty, dq_full, dq_free; } bwd_smem;
 
 static __host__ __device__ __forceinline__ size_t bwd_smem_bytes(int d)
 {
     const int br = BWD_Br(d);
     return (size_t)(2 * BWD_Bc + 2 * STAGES * br) * d * 2 + 2 * (size_t)BWD_Bc * br * 2 +
-           2 * STAGES * br * sizeof(float) + (1 + 4 * STAGES) * sizeof(uint64_t);
+           (DQ_ATOMICS ? 0 : 2 * DQ_SLICE) + 2 * STAGES * br * sizeof(float) +
+           (1 + 4 * STAGES + 4) * sizeof(uint64_t);
 }
 
 static __device__ __forceinline__ bwd_smem bwd_layout(int d)
@@ -767,13 +773,16 @@ static __device__ __forceinline__ bwd_smem bwd_layout(int d)
     m.Q = m.V + BWD_Bc * d * 2;            /* stage s at Q + s br d 2 */
     m.dO = m.Q + STAGES * br * d * 2;
     m.dS = m.dO + STAGES * br * d * 2;     /* buffer u at dS + u Bc br 2 */
-    m.L = m.dS + 2 * BWD_Bc * br * 2;      /* stage s at L + s br 4 */
+    m.dQ = m.dS + 2 * BWD_Bc * br * 2;     /* OFF=dq_atomics: consumer c's part at dQ + c DQ_SLICE */
+    m.L = m.dQ + (DQ_ATOMICS ? 0 : 2 * DQ_SLICE);   /* stage s at L + s br 4 */
     m.D = m.L + STAGES * br * 4;
     m.kv = m.D + STAGES * br * 4;
     m.q_full = m.kv + 8;
     m.q_empty = m.q_full + 8 * STAGES;
     m.o_full = m.q_empty + 8 * STAGES;
     m.o_empty = m.o_full + 8 * STAGES;
+    m.dq_full = m.o_empty + 8 * STAGES;    /* [2]: consumer c's part is in shared memory */
+    m.dq_free = m.dq_full + 16;            /* [2]: the writer has read it */
     return m;
 }
 
@@ -1007,6 +1016,17 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
      * consecutive floats (bwd_dq_slot). Rows past N_q add zeros. Deterministic: the key tiles
      * add to a query tile one after the other, in the order of j (every key tile before this
      * one sees the query tile too), counted by the tile's semaphore: two arrivals a block. */
+    if (!DQ_ATOMICS) {   /* to the writer, through this consumer's slice (one at a time) */
+        mbar_wait(sm.dq_free + 8 * c, u ^ 1);
+        float *slice = (float *)smem_ptr(sm.dQ + c * DQ_SLICE);
+#pragma unroll
+        for (int n = 0; n < 64 / MMA_N; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) slice[(n * 4 + e) * WARPGROUP + tid] = dq[n][e];
+        fence_proxy_async();
+        mbar_arrive(sm.dq_full + 8 * c);
+        return;
+    }
     const int n_t = (p->N_q + br - 1) / br;
     const size_t tile = ((size_t)b * p->H + h) * n_t + i0 / br;
     float *dst = dq_acc + tile * br * d + (size_t)c * 64 * 64 + tid;
@@ -1041,6 +1061,10 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     const int n_pad = n_t * br;
     if (threadIdx.x == 0) {
         mbar_init(sm.kv, 1);
+        for (int c = 0; c < 2; c++) {
+            mbar_init(sm.dq_full + 8 * c, WARPGROUP);
+            mbar_init(sm.dq_free + 8 * c, 1);
+        }
         for (int s = 0; s < STAGES; s++) {
             mbar_init(sm.q_full + 8 * s, 1);
             mbar_init(sm.o_full + 8 * s, 1);
@@ -1052,7 +1076,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     __syncthreads();
 
     if (wg == 0) {
-        SETMAXNREG_DEC(PRODUCER_REGS);
+        SETMAXNREG_DEC(BWD_PRODUCER_REGS);
         if (threadIdx.x == 0) {
             mbar_arrive_expect_tx(sm.kv, 2 * BWD_Bc * d * 2);
             for (int c = 0; c < d / BOX_COLS; c++) {
@@ -1075,6 +1099,30 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                     tma_load_4d(sm.dO + st * br * d * 2 + c * br * BOX_ROW, tmO, c * BOX_COLS, i0, h, b, sm.o_full + 8 * st);
                 bulk_load(sm.D + st * br * 4, D + row, br * 4, sm.o_full + 8 * st);
             }
+        } else if (!DQ_ATOMICS && threadIdx.x == WARP) {
+            /* The dQ writer: each consumer's part of each step's dQ_i, added to the accumulator
+             * by one bulk reduce of 16 KiB (the slice is in the accumulator's own order); the
+             * slice is free once the copy has read it. Deterministic: after the key tiles
+             * before this one (two arrivals a block), and counted once the adds have landed. */
+            for (int t = 0; t < steps; t++) {
+                int g, qt;
+                bwd_step_of(t, per_head, first, &g, &qt);
+                const size_t tile = ((size_t)b * p.H + h_kv * group + g) * n_t + qt;
+                for (int c = 0; c < 2; c++) {
+                    mbar_wait(sm.dq_full + 8 * c, t & 1);
+                    if (sem) sem_wait(sem + tile, 2 * (int)blockIdx.x);
+                    bulk_reduce_add_f32(dq_acc + tile * br * d + (size_t)c * 64 * 64, sm.dQ + c * DQ_SLICE, DQ_SLICE);
+                    bulk_commit();
+                    bulk_wait_read_0();
+                    mbar_arrive(sm.dq_free + 8 * c);
+                    if (sem) {
+                        bulk_wait_0();
+                        __threadfence();
+                        atomicAdd(sem + tile, 1);
+                    }
+                }
+            }
+            bulk_wait_0();
         }
         return;
     }
