@@ -585,7 +585,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                                                        const CUtensorMap *tmO, const int causal,
                                                        const int d, const int fp16)
 {
-    if (causal >= 0) p.causal = causal;   /* a literal in the wide kernels (else ptxas spills) */
+    if (causal >= 0) p.causal = causal;   /* a literal in the d = 64 causal kernels (else ptxas spills) */
     const fa3_smem sm = smem_layout(d);
     /* The warpgroup, broadcast from lane 0: ptxas then knows it is one value across the warp and
      * keeps what follows from it (Q_i's descriptors, the first row, the loop bounds) in uniform
