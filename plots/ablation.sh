@@ -9,6 +9,9 @@
 # (make BUILD=build/ablation/<stage>-<idea> OFF=<idea>; the stage's header names its knobs):
 #   08_fa3             ws (a consumer thread loads, as in 07), pingpong, overlap
 #   09_fa3_persistent  persistent (one tile a block), tma_store (O stored as in 08), lazy
+#   11_fa3_backward    its backward (--backward): dq_atomics (a writer warp adds dQ by bulk
+#                      reduce), and +deterministic: not a build but the stage run with
+#                      --deterministic (an idea named +flag is the run-time flag --flag)
 # Every build is checked against the float64 oracle first (three odd shapes, one per d); a
 # build that fails its check is not timed. Then, shape by shape, the stage as it is and its
 # builds run back to back (so that the columns of a row share the GPU's clock), at the sweep's
@@ -26,10 +29,12 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 
 ABLATIONS="08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
-09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy"
+09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy
+11_fa3_backward:dq_atomics 11_fa3_backward:+deterministic"
 # per shape, each stage as it is ("stage:") and then its builds
 ORDER="08_fa3: 08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
-09_fa3_persistent: 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy"
+09_fa3_persistent: 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy
+11_fa3_backward: 11_fa3_backward:dq_atomics 11_fa3_backward:+deterministic"
 # the shapes, d:causal:N: where ping-pong pays and where it does not
 SHAPES="128:0:2048 128:1:2048 128:0:8192 128:1:8192 64:0:8192 64:1:8192 256:0:8192 256:1:8192"
 TOKENS=16384        # the papers' protocol: B * N = 16384 tokens ...
@@ -50,6 +55,7 @@ trap 'rm -rf "$WORK"' EXIT
 pids=
 for a in $ABLATIONS; do
     s=${a%%:*} o=${a#*:}
+    case $o in +*) continue ;; esac   # a run-time flag: the stage's own build
     make -s BUILD="$BUILD_DIR/ablation/$s-$o" OFF="$o" "$BUILD_DIR/ablation/$s-$o/$s" \
         > "$WORK/build-$s-$o.log" 2>&1 &
     pids="$pids $!"
@@ -58,8 +64,13 @@ fail=0
 for p in $pids; do wait "$p" || fail=1; done
 [ $fail = 0 ] || { cat "$WORK"/build-*.log >&2; echo "ablation: a build failed" >&2; exit 2; }
 
-# program STAGE [IDEA]: the path of the stage's build
-program() { if [ -z "${2:-}" ]; then echo "$BUILD_DIR/$1"; else echo "$BUILD_DIR/ablation/$1-$2/$1"; fi; }
+# program STAGE [IDEA]: the path of the stage's build (the stage's own for a run-time flag);
+# run_args STAGE [IDEA]: the flags it runs with (the backward's stage: --backward; +flag: --flag)
+program() { case ${2:-} in ""|+*) echo "$BUILD_DIR/$1" ;; *) echo "$BUILD_DIR/ablation/$1-$2/$1" ;; esac; }
+run_args() {
+    case $1 in *_backward) printf ' --backward' ;; esac
+    case ${2:-} in +*) printf ' --%s' "${2#+}" ;; esac
+}
 
 # one small call first: without a Hopper GPU the stage refuses it, and says why
 if ! "$(program 08_fa3)" --batch 1 --heads 1 --seqlen 128 --dim 128 > /dev/null 2> "$WORK/err"; then
@@ -74,8 +85,12 @@ for a in $ABLATIONS; do
     for shape in "--batch 1 --heads 24 --kv-heads 8 --seqlen 1100 --dim 128 --causal" \
                  "--batch 2 --heads 6 --kv-heads 2 --seqlen 1000 --dim 64 --causal --dtype fp16" \
                  "--batch 1 --heads 140 --seqlen 300 --dim 256"; do
-        if "$(program "$s" "$o")" $shape --check > "$WORK/out" 2>&1; then
+        "$(program "$s" "$o")" $shape $(run_args "$s" "$o") --check > "$WORK/out" 2>&1
+        rc=$?
+        if [ $rc = 0 ]; then
             echo "ablation: check $s OFF=$o $shape: pass"
+        elif [ $rc = 2 ]; then
+            echo "ablation: check $s OFF=$o $shape: refused ($(tail -n 1 "$WORK/out"))"
         else
             echo "ablation: check $s OFF=$o $shape: FAIL"; tail -n 5 "$WORK/out" | sed 's/^/    | /'
             bad="$bad $a"
@@ -94,11 +109,12 @@ for shp in $SHAPES; do
                 s=${x%%:*} o=${x#*:}
                 case " $bad " in
                     *" $x "*) st=failed-check ms= tf= ;;
-                    *) "$(program "$s" "$o")" "$@" > "$WORK/out" 2> "$WORK/err"
+                    *) "$(program "$s" "$o")" "$@" $(run_args "$s" "$o") > "$WORK/out" 2> "$WORK/err"
                        rc=$?
                        # the last line: "... | 1.910 ms 575.7 TFLOP/s (median of N) | workspace ..."
                        t=$(sed -n 's/.*| \([0-9.]*\) ms \([0-9.]*\) TFLOP\/s (median.*/\1 \2/p' "$WORK/out" | tail -n 1)
                        if [ "$rc" = 0 ] && [ -n "$t" ]; then st=ok ms=${t% *} tf=${t#* }
+                       elif [ "$rc" = 2 ]; then st=refused ms= tf=
                        else st=failed ms= tf=; echo "ablation: $s OFF=$o $*: exit $rc: $(tail -n 1 "$WORK/err")" >&2; fi ;;
                 esac
                 printf '%-18s %-10s d=%-3s causal=%s N=%-5s %s %s\n' "$s" "${o:-(as is)}" "$d" "$causal" "$n" "${ms:--}" "${tf:-$st}"

@@ -129,7 +129,7 @@ table() {
                     }
                     print head " |"; print rule "|"
                     for (o = 1; o <= no; o++) {
-                        line = "| " (off[o] == "" ? "as it is" : "`OFF=" off[o] "`")
+                        line = "| " (off[o] == "" ? "as it is" : off[o] ~ /^\+/ ? "`--" substr(off[o], 2) "`" : "`OFF=" off[o] "`")
                         for (i = 1; i <= ns; i++) {
                             v = t[off[o], shp[i]]; base = t["", shp[i]]
                             if (v + 0 > 0 && off[o] != "" && base + 0 > 0) cell = sprintf("%.0f (%.3f)", v, v / base)
@@ -139,7 +139,7 @@ table() {
                         }
                         print line " |"
                     }
-                    printf "\n*TFLOP/s of %s as it is and with one idea built out (`make build/%s OFF=...`; in brackets: over the stage as it is), forward, bf16, B = 16384/N, H = 2048/d; the builds of a shape run back to back.*\n\n*%s*\n", s, s, src
+                    printf "\n*TFLOP/s of %s as it is and with one idea built out (`make build/%s OFF=...`; in brackets: over the stage as it is), %s, bf16, B = 16384/N, H = 2048/d; the builds of a shape run back to back.*\n\n*%s*\n", s, s, s ~ /_backward$/ ? "backward" : "forward", src
                 }' "$csv" ;;
         *) echo "hopper_tables: unknown SPEC '$spec' (STAGE vs OTHER, N=n, step N=n, ablation STAGE)" >&2; return 2 ;;
     esac
