@@ -9,7 +9,7 @@
 # (make BUILD=build/ablation/<stage>-<idea> OFF=<idea>; the stage's header names its knobs):
 #   08_fa3             ws (a consumer thread loads, as in 07), pingpong, overlap
 #   09_fa3_persistent  persistent (one tile a block), tma_store (O stored as in 08), lazy
-#   11_fa3_backward    its backward (--backward): dq_atomics (a writer warp adds dQ by bulk
+#   10_fa3_backward    its backward (--backward): dq_atomics (a writer warp adds dQ by bulk
 #                      reduce), and +deterministic: not a build but the stage run with
 #                      --deterministic (an idea named +flag is the run-time flag --flag)
 # Every build is checked against the float64 oracle first (three odd shapes, one per d); a
@@ -30,11 +30,11 @@ cd "$(dirname "$0")/.." || exit 2
 
 ABLATIONS="08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy
-11_fa3_backward:dq_atomics 11_fa3_backward:+deterministic"
+10_fa3_backward:dq_atomics 10_fa3_backward:+deterministic"
 # per shape, each stage as it is ("stage:") and then its builds
 ORDER="08_fa3: 08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
 09_fa3_persistent: 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy
-11_fa3_backward: 11_fa3_backward:dq_atomics 11_fa3_backward:+deterministic"
+10_fa3_backward: 10_fa3_backward:dq_atomics 10_fa3_backward:+deterministic"
 # the shapes, d:causal:N: where ping-pong pays and where it does not
 SHAPES="128:0:2048 128:1:2048 128:0:8192 128:1:8192 64:0:8192 64:1:8192 256:0:8192 256:1:8192"
 TOKENS=16384        # the papers' protocol: B * N = 16384 tokens ...

@@ -293,7 +293,7 @@ Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
 {
     need_gpu();
     static const struct { const char *name; int flag; } cases[] = {
-        { "04_backward", 0 }, { "05_tensor_cores", 0 }, { "06_fa2", 1 }, { "11_fa3_backward", 1 } };
+        { "04_backward", 0 }, { "05_tensor_cores", 0 }, { "06_fa2", 1 }, { "10_fa3_backward", 1 } };
     int ran = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const attn_stage *st = NULL;

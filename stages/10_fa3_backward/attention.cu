@@ -1,4 +1,4 @@
-/* stages/11_fa3_backward/attention.cu: FlashAttention-3's backward on Hopper (sm_90a).
+/* stages/10_fa3_backward/attention.cu: FlashAttention-3's backward on Hopper (sm_90a).
  *
  * Changed from 09_fa3_persistent: its forward, unchanged, and a backward (FA-3 Algorithm 3).
  * - Preprocess (bwd_preprocess): D = rowsum(dO ∘ O) and L in base 2, padded to whole query
@@ -14,12 +14,12 @@
  *   dK_j, dV_j: written once, through K_j's and V_j's tiles, by TMA store.
  * Why: the backward is 2.5x the forward's FLOPs, and stage 6's mma.sync kernel runs it at about
  *   0.63x cuDNN on an H200.
- * Expected: FA-3 reports 1.5-1.75x FA-2's backward; the goal is cuDNN's (docs/11_fa3_backward.md).
+ * Expected: FA-3 reports 1.5-1.75x FA-2's backward; the goal is cuDNN's (docs/10_fa3_backward.md).
  * Memory: L, and in the backward's workspace D and L2 (fp32 per row) and the fp32 dQ
  *   accumulator (4 bytes per element of dQ). Shared memory: 161 KiB at d = 128, 162 KiB at 64.
  *   Backward at head dims 64 and 128 (256 would need 256 registers for dK_j, dV_j alone).
  *
- * Run: make build/11_fa3_backward && build/11_fa3_backward --seqlen 8192 --dim 128 --backward --check --bench
+ * Run: make build/10_fa3_backward && build/10_fa3_backward --seqlen 8192 --dim 128 --backward --check --bench
  */
 #include <math.h>
 #include <stdio.h>
@@ -1229,38 +1229,38 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        snprintf(why, ATTN_WHY_LEN, "11_fa3_backward cannot query the device");
+        snprintf(why, ATTN_WHY_LEN, "10_fa3_backward cannot query the device");
         return 1;
     }
     if (major != 9 || minor != 0) {
-        snprintf(why, ATTN_WHY_LEN, "stage 11_fa3_backward is sm_90a code (wgmma, TMA, setmaxnreg): "
+        snprintf(why, ATTN_WHY_LEN, "stage 10_fa3_backward is sm_90a code (wgmma, TMA, setmaxnreg): "
                  "it runs on compute capability 9.0 (H100, H200) only, this GPU is %d.%d", major, minor);
         return 1;
     }
     if (p->d != 64 && p->d != 128 && p->d != 256) {
-        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 11_fa3_backward supports 64, 128 and 256", p->d);
+        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 10_fa3_backward supports 64, 128 and 256", p->d);
         return 1;
     }
     if (!(p->scale > 0.0f)) {   /* the running max is taken on unscaled scores */
-        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 11_fa3_backward needs a positive scale", p->scale);
+        snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 10_fa3_backward needs a positive scale", p->scale);
         return 1;
     }
     if (dir == ATTN_BACKWARD && p->d == 256) {
-        snprintf(why, ATTN_WHY_LEN, "head dim 256: the backward of stage 11_fa3_backward supports 64 and 128 "
+        snprintf(why, ATTN_WHY_LEN, "head dim 256: the backward of stage 10_fa3_backward supports 64 and 128 "
                  "(dK_j and dV_j of 64 keys x 256 take 256 registers a thread alone)");
         return 1;
     }
-    if (trace_refuse("11_fa3_backward", why)) return 1;
+    if (trace_refuse("10_fa3_backward", why)) return 1;
     int smem_max = 0;
     if (attn_smem_per_block(&smem_max)) {
-        snprintf(why, ATTN_WHY_LEN, "11_fa3_backward cannot query the device");
+        snprintf(why, ATTN_WHY_LEN, "10_fa3_backward cannot query the device");
         return 1;
     }
     const size_t smem = dir == ATTN_BACKWARD ? bwd_smem_bytes(p->d) : smem_bytes(p->d);
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
-                 "%d KiB, too little for stage 11_fa3_backward", p->d, (smem + 1023) / 1024, smem_max / 1024);
+                 "%d KiB, too little for stage 10_fa3_backward", p->d, (smem + 1023) / 1024, smem_max / 1024);
         return 1;
     }
     return 0;
@@ -1306,11 +1306,11 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
 #endif
     kernel<<<grid, THREADS(p->d), smem, s>>>(*p, *a, G, tmQ, tmK, tmV, tmO);
     ATTN_LAUNCH_CHECK();
-    return trace_write("11_fa3_backward", a->ws, s);
+    return trace_write("10_fa3_backward", a->ws, s);
 }
 
-ATTN_EXPORT const attn_stage stage_11_fa3_backward = {
-    "11_fa3_backward",
+ATTN_EXPORT const attn_stage stage_10_fa3_backward = {
+    "10_fa3_backward",
     "FlashAttention-3's backward on Hopper: a TMA producer, wgmma with P and dS from registers, dQ by fp32 atomics",
     "head dim 64, 128 or 256 (backward: 64 and 128); bf16, fp16; any N; causal; GQA; compute capability 9.0 only",
     90,
