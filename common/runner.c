@@ -24,18 +24,18 @@
 /* The bench protocol; plots/anchors.py reads these #defines (keep each `#define NAME value`)
  * and times the PyTorch anchors by the same rules. Under sustained load the H200 holds its
  * boost clock for only the first ~70 ms and then settles about 10% lower (docs/notes.md,
- * "Timing"). So a shape first runs untimed until the clock has settled, and is then
- * timed in that state, whatever ran before it. Every run, settling or timed, is preceded by the
- * L2 flush (outside its events); runs are queued about CHUNK_MS at a time between host waits,
- * so the GPU does not idle between them. */
-#define SETTLE_MS 300.0        /* untimed runs first: this much time in the stage ... */
+ * "Timing"). So a shape first runs untimed until the clock has settled (SETTLE_MS, twice
+ * those ~70 ms), and is then timed in that state, whatever ran before it. Every run, settling
+ * or timed, is preceded by the L2 flush (outside its events); runs are queued about CHUNK_MS
+ * at a time between host waits, so the GPU does not idle between them. */
+#define SETTLE_MS 150.0        /* untimed runs first: this much time in the stage ... */
 #define SETTLE_MIN_RUNS 2      /* ... and at least this many runs, */
 #define SETTLE_ONE_MS 250.0    /* or one run this long (it settles the clock itself) */
 #define BENCH_MIN_RUNS 10      /* then timed runs: at least this many ... */
-#define BENCH_MIN_MS 500.0     /* ... and this much time, */
+#define BENCH_MIN_MS 250.0     /* ... and this much time, */
 #define BENCH_MAX_RUNS 200     /* at most this many; */
 #define BENCH_SLOW_RUNS 1      /* a slow shape stops after this many runs ... */
-#define BENCH_SLOW_MS 1000.0   /* ... once this much was timed */
+#define BENCH_SLOW_MS 500.0    /* ... once this much was timed */
 #define CHUNK_MS 20.0          /* runs queued at once: about this much GPU time, */
 #define CHUNK_MAX 32           /* at most this many */
 

@@ -15,6 +15,14 @@ turned into a BlockMask of 128 x 128 blocks by create_block_mask:
                   entry (i // 128, j // 128) of its (batch, head) is 1 (build/<stage> --save
                   DIR writes the mask a run used as DIR/block_mask.npy)
   --mask-spec S   the --mask pattern the file was made from, for the note (below)
+or, for several masks one after the other in one process (torch imported and set up once,
+not once per mask: plots/bench.sh's masks part), --pattern P once per mask in place of the
+four flags above, P written as plots/bench.sh's MASK_PATTERNS are:
+  dense           no mask (--causal 0)
+  causal          --causal 1
+  window:W        --causal 1 --window W (a causal sliding window)
+  S=F             --block-mask F --mask-spec S (a --mask pattern S and its block mask F)
+Each mask's rows then come after a line "bench: torch_flex on P" (the bench's progress).
 Its FLOP count is the harness's (common/problem.c attn_flops): 4 d per visible (query, key)
 pair, summed over (batch, head), counted exactly with a window or a block mask (causal alone:
 half of N^2, the usual convention), x2.5 for the backward. Its note starts as a stage's row
@@ -33,12 +41,15 @@ Optionally (--gemm, sweep shapes only) two ceiling rows, measured in the same ru
     python3 plots/anchors.py --csv X.csv --dims 128 --ns 8192 --backends flash --gemm
     python3 plots/anchors.py --csv X-masks.csv --shapes masks --backends flex \
         --block-mask /tmp/run1/block_mask.npy --mask-spec random:0.1           # B=2 H=16 d=128
+    python3 plots/anchors.py --csv X-masks.csv --shapes masks --backends flex \
+        --pattern dense --pattern causal --pattern random:0.1=/tmp/run1/block_mask.npy
 
 Timing is the harness's bench protocol (common/runner.c), rule for rule: untimed runs until
-the clock has settled (300 ms, at least 2 runs, or one run of 250 ms), then the median of the
-timed runs (at least 10 and 500 ms, at most 200; a slow shape stops once 1 s was timed); CUDA events around each run, the L2 flushed before every run (a 2 x L2 buffer filled
-outside the events), runs queued about 20 ms at a time. The constants are read from
-common/runner.c's #defines, so the two cannot drift apart. Both ceilings are timed the same way.
+the clock has settled (150 ms, at least 2 runs, or one run of 250 ms), then the median of the
+timed runs (at least 10 and 250 ms, at most 200; a slow shape stops once 500 ms was timed);
+CUDA events around each run, the L2 flushed before every run (a 2 x L2 buffer filled outside
+the events), runs queued about 20 ms at a time. The constants are read from common/runner.c's
+#defines, so the two cannot drift apart. Both ceilings are timed the same way.
 
 The ceiling rows in the 16 columns (d = 0 marks a ceiling: plots/bench.sh's summary skips
 such rows, and the plotting scripts read the stage names ceiling_*):
@@ -200,31 +211,58 @@ def flex_mask_mod(torch, tiles, causal, window, device):
     return mask_mod, mb, mh
 
 
-def mask_note(args, B, H, N, causal, tiles):
-    """The note's prefix of a masked row, as common/cli.c writes a stage's: "window=W; ", the
-    mask's name, "block-mask density=X; " (visible pairs over B H N^2, as %.4g; only when the
-    mask could be read: tiles, else None)."""
-    import os
-    note = "window=%d; " % args.window if args.window else ""
-    if args.block_mask:
-        if args.mask_spec:
-            note += "mask=%s; " % args.mask_spec.replace(",", "+")
+def mask_note(mask, B, H, N, causal, tiles):
+    """The note's prefix of a row of mask (a Mask), as common/cli.c writes a stage's:
+    "window=W; ", the mask's name, "block-mask density=X; " (visible pairs over B H N^2, as
+    %.4g; only when the mask could be read: tiles, else None)."""
+    note = "window=%d; " % mask.window if mask.window else ""
+    if mask.block_mask:
+        if mask.mask_spec:
+            note += "mask=%s; " % mask.mask_spec.replace(",", "+")
         else:
-            note += "block-mask=%s; " % os.path.basename(args.block_mask)
+            note += "block-mask=%s; " % os.path.basename(mask.block_mask)
     if tiles is not None:
-        pairs = visible_pairs(B, H, N, causal, args.window, tiles)
+        pairs = visible_pairs(B, H, N, causal, mask.window, tiles)
         note += "block-mask density=%.4g; " % (pairs / (float(B) * H * N * N))
     return note
 
 
-def shapes(args):
-    """(B, H, N, d, causal) in the bench's loop order."""
+def shapes(args, causals):
+    """(B, H, N, d, causal) in the bench's loop order, causal of the list causals."""
     if args.shapes == "long":
-        return [(LONG_B, LONG_H, n, LONG_D, c) for c in args.causal for n in args.ns]
+        return [(LONG_B, LONG_H, n, LONG_D, c) for c in causals for n in args.ns]
     if args.shapes == "masks":
-        return [(MASKS_B, MASKS_H, n, d, c) for d in args.dims for c in args.causal for n in args.ns]
+        return [(MASKS_B, MASKS_H, n, d, c) for d in args.dims for c in causals for n in args.ns]
     return [(TOKENS // n, HIDDEN // d, n, d, c)
-            for d in args.dims for c in args.causal for n in args.ns]
+            for d in args.dims for c in causals for n in args.ns]
+
+
+class Mask:
+    """The mask of a run of points: name (the --pattern, None for the single-mask flags),
+    causal (the list of --causal values), window (0: none), block_mask (a file, or None) and
+    mask_spec (the --mask pattern of the file, or None)."""
+
+    def __init__(self, name, causal, window=0, block_mask=None, mask_spec=None):
+        self.name, self.causal, self.window = name, causal, window
+        self.block_mask, self.mask_spec = block_mask, mask_spec
+
+
+def parse_pattern(text):
+    """A --pattern (see the docstring) as a Mask; ValueError with the reason."""
+    if text == "dense":
+        return Mask(text, [0])
+    if text == "causal":
+        return Mask(text, [1])
+    if text.startswith("window:"):
+        w = text[len("window:"):]
+        if not w.isdigit() or int(w) <= 0:
+            raise ValueError("--pattern %s: want window:W, W a positive integer" % text)
+        return Mask(text, [1], window=int(w))
+    spec, eq, path = text.partition("=")    # a --mask pattern has no "="; a path may
+    if not eq or not spec or not path:
+        raise ValueError("--pattern %s: want dense, causal, window:W, or a --mask pattern and "
+                         "its block mask file, SPEC=FILE" % text)
+    return Mask(spec, [0], block_mask=path, mask_spec=spec)
 
 
 def clean(text, limit=160):
@@ -281,6 +319,11 @@ def parse_args(argv):
                    help="flex only: a block mask .npy, as the harness's --block-mask")
     p.add_argument("--mask-spec", default=None,
                    help="the --mask pattern the block mask was made from (for the note)")
+    p.add_argument("--pattern", action="append", default=None, metavar="P",
+                   help="flex only, repeatable: one mask after the other in one process, in "
+                        "place of --causal, --window, --block-mask and --mask-spec: dense, "
+                        "causal, window:W (causal), or SPEC=FILE (a --mask pattern and its "
+                        "block mask), as plots/bench.sh's MASK_PATTERNS")
     p.add_argument("--gemm", action="store_true",
                    help="also the ceiling rows: the GEMM (ceiling_gemm) and a device copy "
                         "(ceiling_copy)")
@@ -291,6 +334,11 @@ def parse_args(argv):
             args.shapes, [512, 1024, 2048, 4096, 8192, 16384])
     if args.dims is None:
         args.dims = [128] if args.shapes == "masks" else [64, 128]
+    if args.pattern and (args.causal is not None or args.window or args.block_mask
+                         or args.mask_spec):
+        p.error("--pattern takes the place of --causal, --window, --block-mask and --mask-spec")
+    if args.pattern and [b for b in args.backends if b != "flex"]:
+        p.error("--pattern is for the flex backend only (SDPA's take no such mask)")
     if args.causal is None:
         args.causal = [0, 1] if args.shapes == "sweep" else [0]
     masked = args.window or args.block_mask
@@ -306,6 +354,12 @@ def parse_args(argv):
     for direction in args.dirs:
         if direction not in ("forward", "backward"):
             p.error("unknown direction %r" % direction)
+    # the masks, one after the other: the --patterns, or the one of the flags
+    try:
+        args.masks = ([parse_pattern(t) for t in args.pattern] if args.pattern else
+                      [Mask(None, args.causal, args.window, args.block_mask, args.mask_spec)])
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -435,9 +489,10 @@ def main(argv):
         del a, b
         copy_ceiling(out, gpu, time_ms)
 
-    def flex_point(fields, B, H, N, d, causal, direction):
-        """One torch_flex row: FlexAttention under torch.compile with the mask of the flags
-        (see the docstring), timed as the SDPA anchors are, after an untimed compiling call."""
+    def flex_point(mask, fields, B, H, N, d, causal, direction):
+        """One torch_flex row: FlexAttention under torch.compile with mask (a Mask: the flags'
+        or a --pattern's, see the docstring), timed as the SDPA anchors are, after an untimed
+        compiling call."""
         version = "torch %s" % torch.__version__
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -446,17 +501,17 @@ def main(argv):
             print("failed: no flex_attention", flush=True)
             return
         try:
-            tiles = load_block_mask(args.block_mask, B, H, N) if args.block_mask else None
+            tiles = load_block_mask(mask.block_mask, B, H, N) if mask.block_mask else None
         except (OSError, ValueError) as e:
-            out.write(row(*fields, status="refused", note=mask_note(args, B, H, N, causal, None) + str(e)))
+            out.write(row(*fields, status="refused", note=mask_note(mask, B, H, N, causal, None) + str(e)))
             print("refused: %s" % clean(e), flush=True)
             return
-        prefix = mask_note(args, B, H, N, causal, tiles)
+        prefix = mask_note(mask, B, H, N, causal, tiles)
         version += " flex_attention (torch.compile; BlockMask of 128 x 128)"
         grad = direction == "backward"
         q = k = v = step = None
         try:
-            W = args.window
+            W = mask.window
             block_mask = None
             if tiles is not None or causal or W:
                 mask_mod, mb, mh = flex_mask_mod(torch, tiles, causal, W, dev)
@@ -495,15 +550,22 @@ def main(argv):
             q = k = v = step = call = None
             torch.cuda.empty_cache()
 
-    points = [(be, direction, shape) for be in args.backends for direction in args.dirs
-              for shape in shapes(args)]
-    for i, (be, direction, (B, H, N, d, causal)) in enumerate(points, 1):
+    # the points in order: per mask (one but with --pattern), backend, direction and shape,
+    # numbered within their mask
+    points = []
+    for mask in args.masks:
+        these = [(be, direction, shape) for be in args.backends for direction in args.dirs
+                 for shape in shapes(args, mask.causal)]
+        points += [(mask, i, len(these)) + p for i, p in enumerate(these, 1)]
+    for mask, i, n, be, direction, (B, H, N, d, causal) in points:
         stage, enum_name = BACKENDS[be]
+        if i == 1 and mask.name is not None:
+            print("bench: %s on %s" % (stage, mask.name), flush=True)
         print("[%s %d/%d] %s d=%d N=%d causal=%d ... "
-              % (stage, i, len(points), direction, d, N, causal), end="", flush=True)
+              % (stage, i, n, direction, d, N, causal), end="", flush=True)
         fields = (gpu, stage, direction, B, H, N, d, causal)
         if be == "flex":
-            flex_point(fields, B, H, N, d, causal, direction)
+            flex_point(mask, fields, B, H, N, d, causal, direction)
             continue
         version = "torch %s" % torch.__version__
         if be == "cudnn":

@@ -7,7 +7,11 @@
 #   1. The sweep (the FlashAttention papers' protocol): 16384 tokens in total
 #      (B = 16384/N), hidden 2048 (H = H_kv = 2048/d), bf16, N = 512 ... 16384,
 #      d = 64 and 128, causal and not, forward and backward, for every built stage
-#      program build/NN_* in order, then build/cublas.      -> plots/results/<gpu>.csv
+#      program build/NN_* in order, then build/cublas. A stage whose next N would take more
+#      than SWEEP_MAX_CALL_S seconds a call (2x the last: the tokens are fixed, so the work
+#      grows as N) is not tried at that N or larger ones of the series (stage, direction, d,
+#      causal): that N gets a row with status "skipped" and the prediction, as in the long
+#      context.                                             -> plots/results/<gpu>.csv
 #   2. The long-context wall: B = 1, H = 16, d = 128, N = 8192 ... 1048576, non-causal and
 #      causal (LONG_CAUSALS), every stage, forward and backward; a stage that refuses an N
 #      (stage 1: S does not fit) is not tried at larger N, nor is one whose next N would take
@@ -24,8 +28,10 @@
 #      pattern after the other (MASK_PATTERNS): dense, dense causal, --mask random:0.5, 0.25,
 #      0.1, and --causal --window 1024; the dense ones for MASKS_REF (06_fa2) and the programs
 #      with masks, the masked ones for the programs with masks (a dense stage refuses them: see
-#      accepts_masks), and PyTorch's FlexAttention (torch_flex, plots/anchors.py) on the identical masks: the block mask a
-#      stage ran with is saved by its run (--save: block_mask.npy) and handed to the anchor.
+#      accepts_masks), and PyTorch's FlexAttention (torch_flex, plots/anchors.py) on the
+#      identical masks: the block mask a stage ran with is saved by its run (--save:
+#      block_mask.npy) and handed to the anchor, every pattern to one python process (torch is
+#      imported and set up once; --pattern).
 #                                                       -> plots/results/<gpu>-masks.csv
 # Correctness is the tests' job: no --check here.
 #
@@ -66,8 +72,12 @@
 #   RESULTS_DIR  where the CSVs go (plots/results); BENCH_CSV, BENCH_LONG_CSV, BENCH_MASKS_CSV
 #              exact paths
 #   SEED (1), POINT_TIMEOUT seconds per program run (300), BUILD_DIR (build),
-#   LONG_MAX_CALL_S  the long-context time budget of one call, in seconds (15: enough for the
-#              fastest stages' 1M-token causal forward, 4.5e15 FLOP, ~8 s at 550 TFLOP/s),
+#   SWEEP_MAX_CALL_S  the sweep's time budget of one call, in seconds (2: what it stops is
+#              stages 1 and 2 at their largest N, calls of 2.5 to 7 s, each made twice: the
+#              settling run, then the timed one),
+#   LONG_MAX_CALL_S  the long-context time budget of one call, in seconds (4: the fastest
+#              stages, ~600 TFLOP/s, reach N = 524288 non-causal, 2.25e15 FLOP in ~3.75 s,
+#              and causal; their 1M-token dense calls are past it, the window series is not),
 #   GPU_NAME   overrides nvidia-smi's name (the file name is the name with spaces -> '-')
 #
 # Rows are collected in <csv>.part and moved onto <csv> only when the run finishes, so an
@@ -104,10 +114,10 @@ summary() {
 # summary_sweep CSV: the sweep's tables
 summary_sweep() {
     echo
-    echo "TFLOP/s at N=$SUMMARY_N (bf16; '-' none; R refused; F failed): $1"
+    echo "TFLOP/s at N=$SUMMARY_N (bf16; '-' none or skipped; R refused; F failed): $1"
     awk -F, -v n="$SUMMARY_N" '
         FNR == 1 || $10 == 0 { next }                     # header; the GEMM ceiling row
-        $8 == n {
+        $8 == n && $15 != "skipped" {                     # skipped: past the time budget
             c = $3 == "forward" ? "fwd" : "bwd"
             col = c " d" $10 ($11 == 1 ? " c" : "")
             v = $15 == "ok" ? sprintf("%.1f", $13) : ($15 == "refused" ? "R" : "F")
@@ -263,7 +273,8 @@ LONG=${LONG:-1}
 MASKS=${MASKS:-1}
 SEED=${SEED:-1}
 POINT_TIMEOUT=${POINT_TIMEOUT:-300}
-LONG_MAX_CALL_S=${LONG_MAX_CALL_S:-15}
+SWEEP_MAX_CALL_S=${SWEEP_MAX_CALL_S:-2}
+LONG_MAX_CALL_S=${LONG_MAX_CALL_S:-4}
 BUILD_DIR=${BUILD_DIR:-build}
 RESULTS_DIR=${RESULTS_DIR:-plots/results}
 
@@ -355,6 +366,22 @@ run_point() {
     fi
 }
 
+# over_budget CSV STAGE DIRECTION B H N D CAUSAL PREFIX LAST_MS GROWTH NAME CAP: whether the
+# call of this point, predicted as GROWTH times the median LAST_MS (ms) of the series' last N
+# (empty: none measured, nothing predicted), would take more than CAP seconds, the budget NAME
+# (SWEEP_MAX_CALL_S, LONG_MAX_CALL_S). If so, the point is not run: the CSV gets its row with
+# status skipped and the prediction (the note starting with PREFIX, as run_point's), the
+# outcome is printed, and the status is 0.
+over_budget() {
+    ob_ms=${10} ob_growth=${11} ob_name=${12} ob_cap=${13}
+    [ -n "$ob_ms" ] && awk -v ms="$ob_ms" -v g="$ob_growth" -v cap="$ob_cap" \
+        'BEGIN { exit !(g * ms / 1000 > cap) }' || return 1
+    # seconds: whole ones from 10 s, tenths below (a prediction just past a cap of a few s)
+    ob_pred=$(awk -v ms="$ob_ms" -v g="$ob_growth" 'BEGIN { p = g * ms / 1000; printf (p < 10 ? "%.1f" : "%.0f"), p }')
+    echo "skipped: predicted $ob_pred s a call > $ob_name = $ob_cap s"
+    echo "$GPU_TAG,$2,$3,bf16,$4,$5,$5,$6,$6,$7,$8,,,,skipped,$9predicted $ob_pred s a call (${ob_growth}x N/2's) > the bench's $ob_name = $ob_cap s" >> "$1"
+}
+
 # start_csv FILE [RUN]: the .part file this run collects its rows in; RUN: the line its
 # finish_csv will write (for an interrupted run's merge)
 start_csv() {
@@ -435,15 +462,15 @@ has_masks() { mask_programs_probe; case $mask_programs in *" $1 "*) return 0 ;; 
 
 # pattern_args PATTERN: a pattern of MASK_PATTERNS as the program's flags. Sets PA_CAUSAL (0 or
 # 1), PA_FLAGS (--window W or --mask P), PA_PREFIX (the note's mask fields, as common/cli.c
-# writes them), PA_WINDOW (W, or 0) and PA_SPEC (the --mask pattern, or empty).
+# writes them) and PA_SPEC (the --mask pattern, or empty).
 #   dense         no mask                     causal      --causal
 #   window:W      --causal --window W         P           --mask P (random:D, local:W, ...)
 pattern_args() {
-    PA_CAUSAL=0 PA_FLAGS= PA_PREFIX= PA_WINDOW=0 PA_SPEC=
+    PA_CAUSAL=0 PA_FLAGS= PA_PREFIX= PA_SPEC=
     case $1 in
         dense) ;;
         causal) PA_CAUSAL=1 ;;
-        window:*) PA_CAUSAL=1 PA_WINDOW=${1#window:} PA_FLAGS="--window ${1#window:}"
+        window:*) PA_CAUSAL=1 PA_FLAGS="--window ${1#window:}"
                   PA_PREFIX="window=${1#window:}; " ;;
         *:*) PA_SPEC=$1 PA_FLAGS="--mask $1" PA_PREFIX="mask=$(printf '%s' "$1" | tr ',' '+'); " ;;
         *) echo "bench: MASK_PATTERNS: unknown pattern '$1' (dense, causal, window:W, or a --mask pattern such as random:0.1)"
@@ -489,8 +516,11 @@ if [ "$SWEEP" != 0 ]; then
         for dir in $DIRS; do
             for dim in $DIMS; do
                 for causal in $CAUSALS; do
+                    stopped=
+                    last_ms=
                     for n in $NS; do
                         i=$((i + 1))
+                        if [ -n "$stopped" ]; then continue; fi
                         b=$((TOKENS / n)) h=$((HIDDEN / dim))
                         printf '%s %s %s d=%s N=%s causal=%s ... ' \
                             "$(progress "${PART_NAME:-sweep}" "$i" "$total")" "$stage" "$dir" "$dim" "$n" "$causal"
@@ -501,7 +531,16 @@ if [ "$SWEEP" != 0 ]; then
                             echo "refused: has no backward pass"
                             continue
                         fi
+                        # The time a call of this N would take: twice the last N's (B N is
+                        # fixed, so the work grows as N).
+                        if over_budget "$CSV.part" "$stage" "$dir" "$b" "$h" "$n" "$dim" "$causal" "" \
+                                "$last_ms" 2 SWEEP_MAX_CALL_S "$SWEEP_MAX_CALL_S"; then
+                            stopped=1
+                            echo "    (larger N skipped for $stage $dir d=$dim causal=$causal)"
+                            continue
+                        fi
                         run_point "$CSV.part" "$stage" "$dir" "$b" "$h" "$n" "$dim" "$causal" ""
+                        last_ms=$(tail -n 1 "$CSV.part" | awk -F, '$15 == "ok" { print $12 }')
                         if [ "$dir" = backward ] && [ "$POINT_STATUS" = refused ] &&
                             tail -n 1 "$CSV.part" | grep -q 'has no backward pass'; then
                             no_backward=1
@@ -556,11 +595,8 @@ if [ "$LONG" != 0 ]; then
                     printf '%s %s %s %s B=%s H=%s d=%s N=%s ... ' \
                         "$(progress long "$i" "$total")" "$stage" "$dir" "$what" "$LONG_B" "$LONG_H" "$LONG_D" "$n"
                     # The time a call of this N would take, from the last N's (x growth).
-                    if [ -n "${last_ms:-}" ] && awk -v ms="$last_ms" -v g="$growth" -v cap="$LONG_MAX_CALL_S" \
-                            'BEGIN { exit !(g * ms / 1000 > cap) }'; then
-                        predicted=$(awk -v ms="$last_ms" -v g="$growth" 'BEGIN { printf "%.0f", g * ms / 1000 }')
-                        echo "skipped: predicted ${predicted} s a call > LONG_MAX_CALL_S = $LONG_MAX_CALL_S s"
-                        echo "$GPU_TAG,$stage,$dir,bf16,$LONG_B,$LONG_H,$LONG_H,$n,$n,$LONG_D,$causal,,,,skipped,${prefix}predicted ${predicted} s a call (${growth}x N/2's) > the bench's LONG_MAX_CALL_S = $LONG_MAX_CALL_S s" >> "$LONG_CSV.part"
+                    if over_budget "$LONG_CSV.part" "$stage" "$dir" "$LONG_B" "$LONG_H" "$n" "$LONG_D" \
+                            "$causal" "$prefix" "$last_ms" "$growth" LONG_MAX_CALL_S "$LONG_MAX_CALL_S"; then
                         stopped=1
                         echo "    (larger N skipped for $stage $dir $what)"
                         continue
@@ -633,22 +669,25 @@ if [ "$MASKS" != 0 ]; then
             done
         done
     done
+    # torch_flex: one process for all the patterns, which prints "bench: torch_flex on PATTERN"
+    # before each pattern's rows (a process per pattern paid torch's import and torch.compile's
+    # start-up each time, far more than its points took); a block mask goes as PATTERN=FILE.
     if [ -n "$flex_anchor" ]; then
+        set --
         for pat in $MASK_PATTERNS; do
             pattern_args "$pat" >/dev/null || continue
-            set -- --shapes masks --ns "$MASKS_N" --dims "$MASKS_D" --causal "$PA_CAUSAL"
-            [ "$PA_WINDOW" = 0 ] || set -- "$@" --window "$PA_WINDOW"
             if [ -n "$PA_SPEC" ]; then
                 file=$WORK/mask-$(printf '%s' "$pat" | tr -c 'A-Za-z0-9._-' '_').npy
                 if [ ! -f "$file" ]; then
                     echo "bench: torch_flex not run on $pat: no stage with masks ran it, so there is no mask file to hand it"
                     continue
                 fi
-                set -- "$@" --block-mask "$file" --mask-spec "$PA_SPEC"
+                set -- "$@" --pattern "$PA_SPEC=$file"
+            else
+                set -- "$@" --pattern "$pat"
             fi
-            echo "bench: torch_flex on $pat"
-            run_anchors "$MASKS_CSV.part" flex "$@"
         done
+        [ $# = 0 ] || run_anchors "$MASKS_CSV.part" flex --shapes masks --ns "$MASKS_N" --dims "$MASKS_D" "$@"
     fi
     finish_csv "$MASKS_CSV" "$MASKS_RUN_LINE"
 fi

@@ -58,7 +58,8 @@
 #                      decimals) and workspace per head dim and masking
 # The byte models (per stage: which terms) are in plots/bytes_model.awk, the one place they
 # are written, shared with plots/plots.sh (bytes.png).
-# A shape without a row prints "-", a refused or failed one "refused" / "failed".
+# A shape without a row prints "-", a refused, failed or skipped one (past the bench's time
+# budget of a call) "refused" / "failed" / "skipped".
 # TFLOP/s and ratios have 3 significant digits. The CSVs are the ones plots/plots.sh draws:
 # one GPU's (make plots GPU=NVIDIA-H200 to choose it; RESULTS_CSV / RESULTS_LONG_CSV /
 # RESULTS_BYTES_CSV for other paths). Every table of them reads one CSV. Its caption is two

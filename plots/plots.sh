@@ -68,9 +68,9 @@
 #       stage stopped, on the continuation of its line (N^2, or N for a window): a cross if
 #       it was refused or failed (labelled with the reason on the non-causal lines), a circle
 #       if the bench skipped it because the call would pass its time cap (the key says
-#       "stopped: > 15 s a call"). At N = 1048576, in place of a point, 01_naive's mark: the
-#       bytes its S and P would need there (its workspace, 8 B H N^2 + L, from the B and H
-#       of its rows), which no GPU has.
+#       "stopped: > 4 s a call", the cap of the row's note). At N = 1048576, in place of a
+#       point, 01_naive's mark: the bytes its S and P would need there (its workspace,
+#       8 B H N^2 + L, from the B and H of its rows), which no GPU has.
 #   masks.png          the masked runs (the masks CSV: B = 2, H = 16, d = 128, N = 8192):
 #       time per call against the fraction of (query, key) pairs the mask leaves visible,
 #       forward and backward, for the stages with masked rows, the anchor torch_flex and
@@ -94,7 +94,9 @@
 # partial re-run merged into the file (MERGE=1) appends its line. A CSV without a .runs file,
 # or with one line in it, is taken to be one run: the commit that last wrote it names that
 # run, and files last written by the same commit are one run. The line (--sources) reads,
-# for files of one run:
+# for files of one run whose .runs line names its commit (what plots/bench.sh writes):
+#   "NVIDIA-H200, one make bench run, 2026-12-03 18:39 UTC at commit 47205cf: plots/results/..."
+# for other files of one run:
 #   "NVIDIA-H200, rows of 2026-11-30, one make bench run: plots/results/NVIDIA-H200.csv"
 # and for files of different commits (or not committed) it names each file with its GPU,
 # date and commit: "rows of several make bench runs: A (GPU, rows of D, commit C); B (...)".
@@ -192,6 +194,18 @@ rows_date() {
     if [ -n "$fd" ]; then echo "$fd (file time; not from a git commit)"
     else echo "date unknown"; fi
 }
+# runs_commit CSV: "DATE|COMMIT" of CSV's one run when its .runs file holds one line naming
+# a commit ("DATE; GPU; commit C: ..."), else nothing
+runs_commit() {
+    [ -f "$1.runs" ] || return 0
+    awk 'NF > 0 { n++; line = $0 }
+         END {
+             if (n != 1 || !match(line, /; commit [0-9a-f]+:/)) exit
+             c = substr(line, RSTART + 9, RLENGTH - 10)
+             d = line; sub(/;.*/, "", d)
+             printf "%s|%s\n", d, c
+         }' "$1.runs"
+}
 # gpu_of CSV: the GPU its rows name (the gpu column of the first row)
 gpu_of() { awk -F, 'NR == 2 { print $1; exit }' "$1"; }
 # runs_of CSV: the runs in CSV.runs (see SOURCES), oldest first, one a line, tab-separated:
@@ -263,6 +277,23 @@ sources() {
         done
         if [ "$same" = 1 ]; then echo "$g, rows of $k $mb runs merged in $files, $r (each run: $q$f.runs$q)"
         else echo "$g, rows of several $mb runs: $each"; fi
+        return
+    fi
+    # files of one run each whose .runs line names its commit (plots/bench.sh writes "DATE;
+    # GPU; commit C: programs ..."): that date and commit, whatever git holds of the file now
+    named=1 first= one=1 files= each=
+    for f in "$@"; do
+        rc=$(runs_commit "$f")
+        [ -n "$rc" ] || { named=0; break; }
+        g=$(gpu_of "$f")
+        if [ -z "$first" ]; then first="$g|$rc"
+        elif [ "$first" != "$g|$rc" ]; then one=0; fi
+        files="$files${files:+ and }$q$f$q"
+        each="$each${each:+; }$q$f$q ($g, one $mb run, ${rc%|*} at commit ${rc#*|})"
+    done
+    if [ "$named" = 1 ]; then
+        if [ "$one" = 1 ]; then echo "$g, one $mb run, ${rc%|*} at commit ${rc#*|}: $files"
+        else echo "$each"; fi
         return
     fi
     one=1 first= files= each= n=0
@@ -892,13 +923,16 @@ if [ -n "$MASKS" ]; then
     mshape=$(awk -F, 'NR > 1 && $10 > 0 { printf "B = %s, H = %s, head dim %s, N = %s, %s", $5, $6, $10, $8, $4; exit }' "$MASKS")
     XKIND=fraction draw "$PLOTS_DIR/masks.png" "block-sparse masks, $mshape: time per call vs the visible fraction of (query, key) pairs\n$SRC_MASKS"
 fi
-# stage 8's pipeline timeline, from the traces of this GPU (plots/timeline.sh; no trace: no figure)
-traces=$(ls plots/results/trace/"$(basename "$MAIN" .csv)"-*.csv 2>/dev/null)
-if [ -n "$traces" ]; then
+# the pipeline timelines (stage 8's forward, stage 10's backward), one figure per stage, from the
+# traces of this GPU, <gpu>-<stage>-<build>.csv (plots/timeline.sh; no trace: no figure)
+gpu=$(basename "$MAIN" .csv)
+for st in $(ls plots/results/trace/"$gpu"-*.csv 2>/dev/null | sed 's/^.*-\([0-9][0-9]_[a-z0-9_]*\)-[a-z_]*\.csv$/\1/' | sort -u); do
+    traces=$(ls plots/results/trace/"$gpu-$st"-*.csv)
+    fig="$PLOTS_DIR/timeline_$(echo "$st" | cut -c1-2).png"
     # shellcheck disable=SC2086
-    if sh plots/timeline.sh "$PLOTS_DIR/timeline_08.png" "$term" $traces; then echo "plots: wrote $PLOTS_DIR/timeline_08.png"
-    else echo "plots: gnuplot failed on the timeline" >&2; status=1; fi
-fi
+    if sh plots/timeline.sh "$fig" "$term" $traces; then echo "plots: wrote $fig"
+    else echo "plots: gnuplot failed on the timeline of $st" >&2; status=1; fi
+done
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/readme_table.sh --update README.md || status=1
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/stage_diff.sh --update README.md || status=1
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/docs_tables.sh --update docs/*.md || status=1

@@ -108,7 +108,7 @@ table() {
     awk -F, -v d="$TABLE_D" -v n="$TABLE_N" -v main="$MAIN" -v ceil="${ceil%% *}" '
         function tf(s, dir, c,   k) {
             k = s SUBSEP dir SUBSEP c
-            if (!(k in st)) return "-"
+            if (!(k in st) || st[k] == "skipped") return "-"   # skipped: past the time budget
             if (st[k] != "ok") return st[k] == "refused" ? "n/a" : "failed"
             return t[k] >= 100 ? sprintf("%.0f", t[k]) : sprintf("%.1f", t[k])
         }
