@@ -356,6 +356,20 @@ static void expect_program_pass(const char *cmd, const char *marker, int may_ref
     cr_assert(strstr(buf, "check PASS") != NULL, "%s", buf);
 }
 
+/* A Hopper pipeline that deadlocks (an mbarrier nothing arrives on) ends in an error within
+ * twice MBAR_TIMEOUT_NS instead of hanging: tests/hopper_deadlock.cu. */
+Test(gpu, a_deadlock_ends_in_an_error, .timeout = 120)
+{
+    need_gpu();
+    const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
+    char cmd[1024], buf[4096];
+    snprintf(cmd, sizeof cmd, "%s/hopper_deadlock", build);
+    const int rc = run_capture(cmd, buf, sizeof buf);
+    if (rc == 2) cr_skip_test("%s", buf);
+    cr_assert_eq(rc, 0, "%s exited %d:\n%s", cmd, rc, buf);
+    cr_assert(strstr(buf, "no error") == NULL, "%s", buf);
+}
+
 /* the program's --check on a shape big enough that rows are sampled */
 Test(gpu, program_sampled_check, .timeout = 300)
 {
