@@ -1,5 +1,6 @@
 /* common/dtype.c: host conversions between float32 and the two 16-bit dtypes (round to
- * nearest even, like __float2bfloat16_rn / __float2half_rn), and the input PRNG. */
+ * nearest even, like __float2bfloat16_rn / __float2half_rn) and e4m3 (like
+ * __nv_cvt_float_to_fp8 with __NV_SATFINITE), and the input PRNG. */
 #include <math.h>
 #include <string.h>
 #include "harness.h"
@@ -50,6 +51,39 @@ uint16_t attn_f32_to_f16(float f)
     uint32_t r = a - (112u << 23);                       /* rebias 127 -> 15 */
     r = (r + 0xFFFu + ((r >> 13) & 1u)) >> 13;
     return (uint16_t)(sign | r);
+}
+
+/* e4m3 (OCP FP8 E4M3, CUDA's __nv_fp8_e4m3): sign, 4 exponent bits of bias 7, 3 mantissa bits;
+ * no infinities, S.1111.111 is NaN, so the largest finite value is S.1111.110 = 1.75 * 2^8 = 448.
+ * Exponent field 0 holds the subnormals m * 2^-9 (m = 0..7). */
+float attn_e4m3_to_f32(uint8_t x)
+{
+    const int e = (x >> 3) & 0xF, m = x & 7;
+    float v;
+    if (e == 15 && m == 7) v = NAN;
+    else if (e == 0) v = ldexpf((float)m, -9);
+    else v = ldexpf((float)(8 + m), e - 10);             /* (1 + m/8) * 2^(e-7) */
+    return x & 0x80u ? -v : v;
+}
+
+uint8_t attn_f32_to_e4m3(float f)
+{
+    const uint8_t sign = (uint8_t)((f32_bits(f) >> 24) & 0x80u);
+    const float a = fabsf(f);
+    if (isnan(a)) return sign | 0x7F;
+    if (a >= 448.0f) return sign | 0x7E;                 /* saturate, infinities too */
+    /* a in [2^e, 2^(e+1)), or e = -6 for the subnormals: the step there is 2^(e-3), so
+     * a / 2^(e-3) (exact: a power of two) rounded to an integer (rintf: nearest even) is the
+     * value in steps, 8..16 in a normal binade (16: rounded up into the next one), 0..8 below */
+    int e = -6;
+    if (a >= 0x1p-6f) {
+        frexpf(a, &e);
+        e -= 1;
+    }
+    int n = (int)rintf(ldexpf(a, 3 - e));
+    if (n < 8) return sign | (uint8_t)n;                 /* subnormal (or zero) */
+    if (n == 16) { n = 8; e++; }                         /* a < 448: e stays <= 8 */
+    return sign | (uint8_t)((e + 7) << 3) | (uint8_t)(n - 8);
 }
 
 float attn_to_f32(uint16_t h, attn_dtype t)

@@ -19,7 +19,7 @@ extern "C" {
 
 #define ATTN_MSG_LEN 512
 
-/* ---- 16-bit dtypes (dtype.c) ------------------------------------------------------- */
+/* ---- dtypes (dtype.c) -------------------------------------------------------------- */
 
 float    attn_bf16_to_f32(uint16_t h);
 uint16_t attn_f32_to_bf16(float f);      /* round to nearest even; NaN stays NaN */
@@ -28,6 +28,11 @@ uint16_t attn_f32_to_f16(float f);       /* round to nearest even, overflow -> i
 float    attn_to_f32(uint16_t h, attn_dtype t);
 uint16_t attn_from_f32(float f, attn_dtype t);
 double   attn_unit_roundoff(attn_dtype t); /* bf16 2^-8, fp16 2^-11 */
+/* e4m3, one byte: 1 sign, 4 exponent (bias 7) and 3 mantissa bits, no infinities, largest
+ * finite 448, NaN 0x7F / 0xFF, subnormals down to 2^-9. Encoding rounds to nearest even and
+ * saturates to +-448 (infinities too); NaN stays NaN. */
+float    attn_e4m3_to_f32(uint8_t x);
+uint8_t  attn_f32_to_e4m3(float f);
 const char *attn_dtype_name(attn_dtype t); /* "bf16", "fp16" */
 int      attn_dtype_parse(const char *s, attn_dtype *t); /* 0 ok */
 
