@@ -9,6 +9,12 @@
  *   Q, O, dQ, dO : [B, N_q, H,    d]   16-bit elements (bf16 or fp16)
  *   K, V, dK, dV : [B, N_k, H_kv, d]   16-bit elements
  *   L (logsumexp): [B, H, N_q]         fp32, natural log: L_i = m_i + log(l_i), of the scaled scores
+ * With dtype e4m3 (forward only) Q, K and V hold one e4m3 byte a value and O is bf16. Each
+ * (batch, kv head) has its own scale for each of Q, K and V (Q's is shared by the query heads
+ * of the group): the value an element stands for is its e4m3 value times that scale, the
+ * descale factors q_descale, k_descale, v_descale of attn_args, [B * H_kv] fp32 each, index
+ * b * H_kv + kv head. A stage folds q_descale * k_descale into the softmax scale and applies
+ * v_descale to O (as FlashAttention-3 does).
  * Query head h reads key/value head h / (H / H_kv) (GQA; MQA when H_kv = 1).
  * Causal: key j is visible to query i iff j <= i (top-left aligned, as PyTorch's
  * is_causal), so with N_q > N_k every row still sees key 0.
@@ -32,7 +38,7 @@ extern "C" {
 #define ATTN_EXPORT
 #endif
 
-typedef enum { ATTN_BF16 = 0, ATTN_FP16 = 1 } attn_dtype;
+typedef enum { ATTN_BF16 = 0, ATTN_FP16 = 1, ATTN_E4M3 = 2 } attn_dtype;
 typedef enum { ATTN_FORWARD = 0, ATTN_BACKWARD = 1 } attn_dir;
 
 typedef struct {
@@ -46,7 +52,7 @@ typedef struct {
     double pairs;       /* with a block mask: the visible (query, key) pairs over all (b, h), for
                          * the FLOP count (attn_mask_pairs); 0 otherwise */
     float scale;        /* softmax scale, default 1/sqrt(d) */
-    attn_dtype dtype;   /* of Q, K, V, O, dO, dQ, dK, dV */
+    attn_dtype dtype;   /* of Q, K, V, O, dO, dQ, dK, dV (e4m3: of Q, K, V; O is bf16) */
     int deterministic;  /* backward: reduce dQ deterministically (stages that offer it) */
 } attn_problem;
 
@@ -60,6 +66,8 @@ typedef struct {
     const unsigned char *block_mask; /* the block mask on the device (p.block_mask), or NULL */
     void *ws;           /* workspace of stage->workspace(p, dir) bytes, 256-byte aligned, */
     size_t ws_bytes;    /* contents undefined on entry (poisoned by the harness)          */
+    /* e4m3: the scales of Q, K and V, [B * H_kv] each (see above); NULL for 16-bit dtypes */
+    const float *q_descale, *k_descale, *v_descale;
 } attn_args;
 
 #define ATTN_WHY_LEN 256
@@ -82,6 +90,7 @@ typedef struct attn_stage {
     cudaError_t (*forward)(const attn_problem *p, const attn_args *a, cudaStream_t s);
     cudaError_t (*backward)(const attn_problem *p, const attn_args *a, cudaStream_t s); /* NULL: none */
     int masks;              /* 1 if it runs windows and block masks; 0 (unset): the harness refuses them */
+    int fp8;                /* 1 if it runs dtype e4m3; 0 (unset): the harness refuses it */
 } attn_stage;
 
 /* Host, from the harness: the shared memory a block may opt in to on the current device, in

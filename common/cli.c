@@ -70,7 +70,9 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   random:D (density D, from --seed), or local:W, global:G, strided:S\n"
         "                   joined by commas (local:1024,global:256); TFLOP/s count visible pairs\n"
         "  --block-mask F   the block mask from F.npy, uint8 or bool [1 or B, 1 or H, Tq, Tk]\n"
-        "  --dtype T        bf16 or fp16 (default bf16)\n"
+        "  --dtype T        bf16, fp16 or e4m3 (default bf16). e4m3: forward only, stages with an\n"
+        "                   fp8 forward; Q, K, V drawn in float32 and stored as e4m3 with one\n"
+        "                   scale per (batch, kv head) each (amax / 448); O is bf16\n"
         "  --scale s        softmax scale (default 1/sqrt(d))\n"
         "  --seed n         input seed (default 1)\n"
         "\n"
@@ -196,7 +198,11 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
     }
     if (c->help) return 0;
     if (dtype && attn_dtype_parse(dtype, &c->p.dtype)) {
-        snprintf(err, ATTN_MSG_LEN, "--dtype: unknown dtype '%s' (want bf16 or fp16)", dtype);
+        snprintf(err, ATTN_MSG_LEN, "--dtype: unknown dtype '%s' (want bf16, fp16 or e4m3)", dtype);
+        return 2;
+    }
+    if (c->p.dtype == ATTN_E4M3 && c->dir == ATTN_BACKWARD) {
+        snprintf(err, ATTN_MSG_LEN, "--dtype e4m3 is forward only: no --backward");
         return 2;
     }
     const char *smem = getenv("ATTN_SMEM_PER_BLOCK");
@@ -367,6 +373,18 @@ int attn_main(const attn_stage *st, int argc, char **argv)
     if ((c.mask_spec || c.mask_file || p.window > 0) && !st->masks) {
         const char *why = "has no sliding window or block masks (--window, --mask, --block-mask): "
                           "a dense stage";
+        fprintf(stderr, "%s: %s\n", st->name, why);
+        if (c.csv) {
+            char gpu[256];
+            device_name(gpu, sizeof gpu);
+            csv_row(c.csv, gpu, st->name, &p, c.dir, 0, 0, 0, "refused", mname, why);
+        }
+        attn_host_free(&t);
+        return 2;
+    }
+    /* likewise e4m3 for a stage without an fp8 forward, before any of its code runs */
+    if (p.dtype == ATTN_E4M3 && !st->fp8) {
+        const char *why = "has no e4m3 forward (--dtype e4m3): a 16-bit stage";
         fprintf(stderr, "%s: %s\n", st->name, why);
         if (c.csv) {
             char gpu[256];

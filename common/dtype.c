@@ -86,6 +86,7 @@ uint8_t attn_f32_to_e4m3(float f)
     return sign | (uint8_t)((e + 7) << 3) | (uint8_t)(n - 8);
 }
 
+/* 16-bit tensors: fp16, or bf16 (that of bf16 problems, and e4m3's O) */
 float attn_to_f32(uint16_t h, attn_dtype t)
 {
     return t == ATTN_FP16 ? attn_f16_to_f32(h) : attn_bf16_to_f32(h);
@@ -96,14 +97,23 @@ uint16_t attn_from_f32(float f, attn_dtype t)
     return t == ATTN_FP16 ? attn_f32_to_f16(f) : attn_f32_to_bf16(f);
 }
 
-double attn_unit_roundoff(attn_dtype t) { return t == ATTN_FP16 ? ldexp(1.0, -11) : ldexp(1.0, -8); }
+double attn_unit_roundoff(attn_dtype t)
+{
+    return ldexp(1.0, t == ATTN_FP16 ? -11 : t == ATTN_E4M3 ? -4 : -8);
+}
 
-const char *attn_dtype_name(attn_dtype t) { return t == ATTN_FP16 ? "fp16" : "bf16"; }
+size_t attn_input_bytes(attn_dtype t) { return t == ATTN_E4M3 ? 1 : 2; }
+
+const char *attn_dtype_name(attn_dtype t)
+{
+    return t == ATTN_FP16 ? "fp16" : t == ATTN_E4M3 ? "e4m3" : "bf16";
+}
 
 int attn_dtype_parse(const char *s, attn_dtype *t)
 {
     if (strcmp(s, "bf16") == 0) { *t = ATTN_BF16; return 0; }
     if (strcmp(s, "fp16") == 0) { *t = ATTN_FP16; return 0; }
+    if (strcmp(s, "e4m3") == 0) { *t = ATTN_E4M3; return 0; }
     return -1;
 }
 

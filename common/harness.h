@@ -3,7 +3,8 @@
  * Used by every stage program (through attn_main, see common/main.c) and by the tests.
  * Everything here is independent of any one stage: problem setup, 16-bit conversions,
  * the float64 oracle, the tolerance check, .npy I/O and the GPU runner (allocation,
- * poisoning, timing). Host tensors hold the raw 16-bit bits of bf16/fp16 elements.
+ * poisoning, timing). Host tensors hold the raw 16-bit bits of bf16/fp16 elements, and with
+ * dtype e4m3 the e4m3 bytes of Q, K, V with their scales (attn_host).
  */
 #ifndef ATTN_HARNESS_H
 #define ATTN_HARNESS_H
@@ -25,15 +26,17 @@ float    attn_bf16_to_f32(uint16_t h);
 uint16_t attn_f32_to_bf16(float f);      /* round to nearest even; NaN stays NaN */
 float    attn_f16_to_f32(uint16_t h);
 uint16_t attn_f32_to_f16(float f);       /* round to nearest even, overflow -> inf */
+/* a 16-bit element of dtype t: bf16 or fp16 (the 16-bit tensors of an e4m3 problem, O, are bf16) */
 float    attn_to_f32(uint16_t h, attn_dtype t);
 uint16_t attn_from_f32(float f, attn_dtype t);
-double   attn_unit_roundoff(attn_dtype t); /* bf16 2^-8, fp16 2^-11 */
+double   attn_unit_roundoff(attn_dtype t); /* bf16 2^-8, fp16 2^-11, e4m3 2^-4 */
+size_t   attn_input_bytes(attn_dtype t);   /* bytes of a Q, K or V element: 2, e4m3 1 */
 /* e4m3, one byte: 1 sign, 4 exponent (bias 7) and 3 mantissa bits, no infinities, largest
  * finite 448, NaN 0x7F / 0xFF, subnormals down to 2^-9. Encoding rounds to nearest even and
  * saturates to +-448 (infinities too); NaN stays NaN. */
 float    attn_e4m3_to_f32(uint8_t x);
 uint8_t  attn_f32_to_e4m3(float f);
-const char *attn_dtype_name(attn_dtype t); /* "bf16", "fp16" */
+const char *attn_dtype_name(attn_dtype t); /* "bf16", "fp16", "e4m3" */
 int      attn_dtype_parse(const char *s, attn_dtype *t); /* 0 ok */
 
 /* Small fixed PRNG: splitmix64, and a standard normal sample by Box-Muller. */
@@ -91,7 +94,9 @@ typedef enum {
     ATTN_INPUT_MEDIUM_LOGITS /* Q and K scaled by 10: scores of order +-1e2, P nearly one-hot */
 } attn_input_kind;
 
-/* Host copies of every tensor of one problem. 16-bit tensors hold raw bf16/fp16 bits. */
+/* Host copies of every tensor of one problem. 16-bit tensors hold raw bf16/fp16 bits. With
+ * e4m3 q, k, v (and d_o, dq, dk, dv: forward only) are NULL: the inputs are q8, k8, v8 with
+ * their scales, and O is bf16. */
 typedef struct {
     attn_problem p;
     int backward;                /* d_o, dq, dk, dv allocated */
@@ -102,6 +107,12 @@ typedef struct {
     size_t period;               /* 0, or (attn_host_alloc_timed) q, k, v, d_o hold at most this
                                   * many elements, repeated to fill the tensors on the device,
                                   * and o, lse, dq, dk, dv are not allocated */
+    /* e4m3 only (attn.h): */
+    unsigned char *q8, *k8, *v8; /* e4m3 bytes, layouts of q, k, v */
+    float *q_descale, *k_descale, *v_descale; /* [B * H_kv]: an element stands for its e4m3 value
+                                  * times the scale of its (batch, kv head) */
+    float *q32, *k32, *v32;      /* the inputs as drawn or loaded, before quantization (as many
+                                  * elements as q8, k8, v8) */
 } attn_host;
 
 /* The inputs of a run that is only timed (--bench without --check, --save or --load) are drawn
@@ -114,9 +125,19 @@ typedef struct {
 int  attn_host_alloc(attn_host *t, const attn_problem *p, int backward); /* 0 ok, -1 no memory */
 int  attn_host_alloc_timed(attn_host *t, const attn_problem *p, int backward); /* see period */
 void attn_host_free(attn_host *t);
-/* Fresh inputs (q, k, v and d_o when allocated) from seed, rounded to p.dtype. Outputs are
- * filled with 0xFF bytes (NaN) so an unwritten element can never pass a check. */
+/* Fresh inputs (q, k, v and d_o when allocated) from seed, rounded to p.dtype (e4m3: drawn into
+ * q32, k32, v32 and quantized, attn_host_quantize). Outputs are filled with 0xFF bytes (NaN) so
+ * an unwritten element can never pass a check. */
 void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind);
+/* e4m3: q8, k8, v8 and their scales from q32, k32, v32. Each of Q, K, V has one scale per
+ * (batch, kv head), amax / 448 over the slice (Q's over the query heads of the group; 1 when
+ * that is 0: an all-zero slice), and an element is stored as e4m3(x / scale). A timed host
+ * (period) scales the part it holds. 0, or -1 with a one-line err (a value is not finite). */
+int  attn_host_quantize(attn_host *t, char *err);
+/* e4m3: the values the kernel computes with, each e4m3 value times its scale, as float (the
+ * product rounded once, 2^-24 relative), into malloc'd *q, *k, *v (caller frees). 0, or -1 when
+ * out of host memory. */
+int  attn_host_dequantize(const attn_host *t, float **q, float **k, float **v);
 void attn_host_poison_outputs(attn_host *t);
 /* Float copy of a 16-bit host tensor (malloc'd, caller frees; NULL on no memory). */
 float *attn_host_to_f32(const uint16_t *x, size_t n, attn_dtype t);
@@ -244,7 +265,9 @@ int attn_npy_write_f32(const char *path, const float *data, int ndim, const int6
  * -1 with err naming the file and the problem. Never crashes on garbage. */
 int attn_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[8], char *err);
 /* --save: q, k, v, o, lse (and do, dq, dk, dv with backward) into dir as .npy (16-bit
- * tensors stored as '<f4', exact). --load: q, k, v (and do) from dir; sets t->p's sizes. */
+ * tensors stored as '<f4', exact; e4m3: q, k, v as q32, k32, v32, and q_descale, k_descale,
+ * v_descale [B, H_kv]). --load: q, k, v (and do) from dir, rounded to the dtype (e4m3: into
+ * q32, k32, v32, then quantized); sets t->p's sizes. */
 int attn_save_dir(const char *dir, const attn_host *t, char *err);
 int attn_load_dir(const char *dir, attn_host *t, const attn_problem *p, int backward, char *err);
 
@@ -268,7 +291,7 @@ typedef struct {
     char why[ATTN_MSG_LEN];     /* one line for any status but OK */
     char device[256];           /* device name */
     int sm;                     /* compute capability x10 */
-    size_t tensor_bytes;        /* Q,K,V,O (+dO,dQ,dK,dV) */
+    size_t tensor_bytes;        /* Q,K,V,O (+dO,dQ,dK,dV; e4m3: + the scales) */
     size_t lse_bytes, stage_ws_bytes;
     size_t workspace_bytes;     /* lse_bytes + stage_ws_bytes (the CSV's workspace_bytes) */
     long long memgetinfo_delta; /* drop of cudaMemGetInfo's free bytes over our allocations */

@@ -1,7 +1,8 @@
 /* common/npy.c: reading and writing NumPy .npy files (format versions 1.0 to 3.0 read,
  * 1.0 written). bf16 has no NumPy dtype, so every 16-bit tensor is written as '<f4'
  * (bf16 and fp16 values are exactly representable in float32): np.load gives the exact
- * values; a block mask is written as '|u1'. Reading accepts '<f4' and '<f2' (and '|u1',
+ * values; a block mask is written as '|u1'. e4m3 inputs are written as the float32 values
+ * they were quantized from, with their scales. Reading accepts '<f4' and '<f2' (and '|u1',
  * '|b1' for masks), C order only. Any malformed file is an error message naming the file,
  * never a crash. */
 #include <errno.h>
@@ -260,9 +261,22 @@ int attn_save_dir(const char *dir, const attn_host *t, char *err)
     int64_t sq[4] = { p->B, p->N_q, p->H, p->d }, skv[4] = { p->B, p->N_k, p->H_kv, p->d };
     int64_t sl[3] = { p->B, p->H, p->N_q };
     char path[4096];
-    if (save16(dir, "q", t->q, p->dtype, sq, err) || save16(dir, "k", t->k, p->dtype, skv, err) ||
-        save16(dir, "v", t->v, p->dtype, skv, err) || save16(dir, "o", t->o, p->dtype, sq, err))
+    if (p->dtype == ATTN_E4M3) {
+        /* the inputs before quantization, which --load quantizes again to the same bytes and
+         * scales, and the scales, [B, H_kv] */
+        const float *x[6] = { t->q32, t->k32, t->v32, t->q_descale, t->k_descale, t->v_descale };
+        static const char *names[6] = { "q", "k", "v", "q_descale", "k_descale", "v_descale" };
+        const int64_t ss[2] = { p->B, p->H_kv };
+        for (int i = 0; i < 6; i++) {
+            snprintf(path, sizeof path, "%s/%s.npy", dir, names[i]);
+            if (attn_npy_write_f32(path, x[i], i < 3 ? 4 : 2, i == 0 ? sq : i < 3 ? skv : ss, err))
+                return -1;
+        }
+    } else if (save16(dir, "q", t->q, p->dtype, sq, err) || save16(dir, "k", t->k, p->dtype, skv, err) ||
+               save16(dir, "v", t->v, p->dtype, skv, err)) {
         return -1;
+    }
+    if (save16(dir, "o", t->o, p->dtype, sq, err)) return -1;
     snprintf(path, sizeof path, "%s/lse.npy", dir);
     if (attn_npy_write_f32(path, t->lse, 3, sl, err)) return -1;
     if (t->backward) {
@@ -338,9 +352,21 @@ int attn_load_dir(const char *dir, attn_host *t, const attn_problem *p0, int bac
         snprintf(err, ATTN_MSG_LEN, "%s: out of host memory for the loaded tensors", dir);
         goto out;
     }
-    round_into(t->q, q.x, attn_numel_q(&p), p.dtype);
-    round_into(t->k, k.x, attn_numel_kv(&p), p.dtype);
-    round_into(t->v, v.x, attn_numel_kv(&p), p.dtype);
+    if (p.dtype == ATTN_E4M3) {
+        memcpy(t->q32, q.x, attn_numel_q(&p) * sizeof(float));
+        memcpy(t->k32, k.x, attn_numel_kv(&p) * sizeof(float));
+        memcpy(t->v32, v.x, attn_numel_kv(&p) * sizeof(float));
+        char why[ATTN_MSG_LEN];
+        if (attn_host_quantize(t, why)) {
+            snprintf(err, ATTN_MSG_LEN, "%s: %s", dir, why);
+            attn_host_free(t);
+            goto out;
+        }
+    } else {
+        round_into(t->q, q.x, attn_numel_q(&p), p.dtype);
+        round_into(t->k, k.x, attn_numel_kv(&p), p.dtype);
+        round_into(t->v, v.x, attn_numel_kv(&p), p.dtype);
+    }
     if (backward) round_into(t->d_o, d_o.x, attn_numel_q(&p), p.dtype);
     rc = 0;
 out:

@@ -1,5 +1,6 @@
 /* common/oracle.c: the reference. Plain float64 attention on the CPU, row by row, from
- * the same rounded 16-bit inputs the GPU sees:
+ * the same rounded 16-bit inputs the GPU sees (e4m3: the values its inputs stand for, each
+ * e4m3 value times its scale):
  *   forward   S = scale Q K^T (masked: causal, window), L_i = log sum_j exp(S_ij), O = P V
  *             with P_ij = exp(S_ij - L_i)
  *   backward  D_i = dO_i . O_i (float64 O of the oracle), dP_ij = dO_i . V_j,
@@ -571,12 +572,17 @@ int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref
 {
     const attn_problem *p = &t->p;
     size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p);
-    float *q = attn_host_to_f32(t->q, nq, p->dtype);
-    float *k = attn_host_to_f32(t->k, nkv, p->dtype);
-    float *v = attn_host_to_f32(t->v, nkv, p->dtype);
+    float *q = NULL, *k = NULL, *v = NULL;
+    memset(r, 0, sizeof *r);
+    if (p->dtype == ATTN_E4M3) {
+        if (attn_host_dequantize(t, &q, &k, &v)) return -1;
+    } else {
+        q = attn_host_to_f32(t->q, nq, p->dtype);
+        k = attn_host_to_f32(t->k, nkv, p->dtype);
+        v = attn_host_to_f32(t->v, nkv, p->dtype);
+    }
     float *d_o = dir == ATTN_BACKWARD && t->d_o ? attn_host_to_f32(t->d_o, nq, p->dtype) : NULL;
     int rc = -1;
-    memset(r, 0, sizeof *r);
     if (q && k && v && (dir == ATTN_FORWARD || d_o))
         rc = oracle(p, q, k, v, d_o, dir, s, r, t->o, t->block_mask);
     free(q); free(k); free(v); free(d_o);

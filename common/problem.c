@@ -1,4 +1,5 @@
-/* common/problem.c: problem defaults and validation, FLOP count, host tensors, inputs. */
+/* common/problem.c: problem defaults and validation, FLOP count, host tensors, inputs (and
+ * their e4m3 quantization). */
 #include <pthread.h>
 #include <unistd.h>
 #include <math.h>
@@ -38,7 +39,7 @@ int attn_problem_validate(const attn_problem *p, char *why)
         snprintf(why, ATTN_MSG_LEN, "--window must be >= 1 (0: no window)");
         return -1;
     }
-    if (p->dtype != ATTN_BF16 && p->dtype != ATTN_FP16) {
+    if (p->dtype != ATTN_BF16 && p->dtype != ATTN_FP16 && p->dtype != ATTN_E4M3) {
         snprintf(why, ATTN_MSG_LEN, "unknown dtype");
         return -1;
     }
@@ -98,15 +99,33 @@ void attn_problem_str(const attn_problem *p, const char *stage, attn_dir dir, ch
                  p->pairs / ((double)p->B * p->H * (double)p->N_q * p->N_k));
 }
 
+/* The inputs of nq and nkv elements: q, k, v, or with e4m3 q8, k8, v8, their scales and q32,
+ * k32, v32. 1 if all were allocated. */
+static int alloc_inputs(attn_host *t, size_t nq, size_t nkv)
+{
+    const attn_problem *p = &t->p;
+    if (p->dtype != ATTN_E4M3) {
+        t->q = malloc(nq * 2); t->k = malloc(nkv * 2); t->v = malloc(nkv * 2);
+        return t->q && t->k && t->v;
+    }
+    const size_t ns = (size_t)p->B * p->H_kv;
+    t->q8 = malloc(nq); t->k8 = malloc(nkv); t->v8 = malloc(nkv);
+    t->q32 = malloc(nq * sizeof(float)); t->k32 = malloc(nkv * sizeof(float));
+    t->v32 = malloc(nkv * sizeof(float));
+    t->q_descale = malloc(ns * sizeof(float)); t->k_descale = malloc(ns * sizeof(float));
+    t->v_descale = malloc(ns * sizeof(float));
+    return t->q8 && t->k8 && t->v8 && t->q32 && t->k32 && t->v32 && t->q_descale &&
+           t->k_descale && t->v_descale;
+}
+
 int attn_host_alloc(attn_host *t, const attn_problem *p, int backward)
 {
     memset(t, 0, sizeof *t);
     t->p = *p;
     t->backward = backward;
     size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p), nl = attn_numel_lse(p);
-    t->q = malloc(nq * 2); t->k = malloc(nkv * 2); t->v = malloc(nkv * 2);
     t->o = malloc(nq * 2); t->lse = malloc(nl * 4);
-    int ok = t->q && t->k && t->v && t->o && t->lse;
+    int ok = alloc_inputs(t, nq, nkv) && t->o && t->lse;
     if (backward) {
         t->d_o = malloc(nq * 2); t->dq = malloc(nq * 2);
         t->dk = malloc(nkv * 2); t->dv = malloc(nkv * 2);
@@ -126,8 +145,7 @@ int attn_host_alloc_timed(attn_host *t, const attn_problem *p, int backward)
     size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p);
     nq = nq < t->period ? nq : t->period;
     nkv = nkv < t->period ? nkv : t->period;
-    t->q = malloc(nq * 2); t->k = malloc(nkv * 2); t->v = malloc(nkv * 2);
-    int ok = t->q && t->k && t->v;
+    int ok = alloc_inputs(t, nq, nkv);
     if (backward) {
         t->d_o = malloc(nq * 2);
         ok = ok && t->d_o;
@@ -140,6 +158,8 @@ void attn_host_free(attn_host *t)
 {
     free(t->q); free(t->k); free(t->v); free(t->d_o);
     free(t->o); free(t->lse); free(t->dq); free(t->dk); free(t->dv); free(t->block_mask);
+    free(t->q8); free(t->k8); free(t->v8); free(t->q_descale); free(t->k_descale);
+    free(t->v_descale); free(t->q32); free(t->k32); free(t->v32);
     memset(t, 0, sizeof *t);
 }
 
@@ -191,22 +211,26 @@ static void par_chunks(size_t n, chunk_fn chunk, const void *ctx)
 
 /* Each tensor draws from its own stream, so adding dO does not change Q, K, V. A stream is
  * cut into chunks, each with its own generator, so the values do not depend on how many
- * threads fill them. */
-typedef struct { uint16_t *x; uint64_t stream; double mul; attn_dtype t; } fill_ctx;
+ * threads fill them. A value goes to x rounded to t, or as drawn to x32 (e4m3's inputs, which
+ * attn_host_quantize rounds): the same values for every dtype. */
+typedef struct { uint16_t *x; float *x32; uint64_t stream; double mul; attn_dtype t; } fill_ctx;
 
 static void fill_chunk(const void *ctx, size_t c, size_t begin, size_t end)
 {
     const fill_ctx *f = ctx;
     attn_rng r;
     attn_rng_init(&r, f->stream + c * 0xD1B54A32D192ED03ull);
-    for (size_t i = begin; i < end; i++)
-        f->x[i] = attn_from_f32((float)(f->mul * attn_rng_normal(&r)), f->t);
+    for (size_t i = begin; i < end; i++) {
+        const float x = (float)(f->mul * attn_rng_normal(&r));
+        if (f->x32) f->x32[i] = x;
+        else f->x[i] = attn_from_f32(x, f->t);
+    }
 }
 
-static void fill_normal(uint16_t *x, size_t n, uint64_t seed, uint64_t tag, double mul,
-                        attn_dtype t)
+static void fill_normal(uint16_t *x, float *x32, size_t n, uint64_t seed, uint64_t tag,
+                        double mul, attn_dtype t)
 {
-    const fill_ctx f = { x, seed * 0x9E3779B97F4A7C15ull + tag, mul, t };
+    const fill_ctx f = { x, x32, seed * 0x9E3779B97F4A7C15ull + tag, mul, t };
     par_chunks(n, fill_chunk, &f);
 }
 
@@ -221,10 +245,10 @@ void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)
         nq = nq < t->period ? nq : t->period;
         nkv = nkv < t->period ? nkv : t->period;
     }
-    fill_normal(t->q, nq, seed, 1, mul_qk, p->dtype);
-    fill_normal(t->k, nkv, seed, 2, mul_qk, p->dtype);
-    fill_normal(t->v, nkv, seed, 3, 1.0, p->dtype);
-    if (t->d_o) fill_normal(t->d_o, nq, seed, 4, 1.0, p->dtype);
+    fill_normal(t->q, t->q32, nq, seed, 1, mul_qk, p->dtype);
+    fill_normal(t->k, t->k32, nkv, seed, 2, mul_qk, p->dtype);
+    fill_normal(t->v, t->v32, nkv, seed, 3, 1.0, p->dtype);
+    if (t->d_o) fill_normal(t->d_o, NULL, nq, seed, 4, 1.0, p->dtype);
     if (kind == ATTN_INPUT_FLAT_ROWS && !t->period) {
         /* every key of head (b, g) = the same vector plus 1e-3 noise: all scores of a row
          * nearly equal, so P is nearly uniform and O nearly the mean of V */
@@ -237,16 +261,132 @@ void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)
                 for (int g = 0; g < p->H_kv; g++) {
                     for (int c = 0; c < p->d; c++) base[c] = attn_rng_normal(&r);
                     for (int j = 0; j < p->N_k; j++) {
-                        uint16_t *row = t->k + (((size_t)b * p->N_k + j) * p->H_kv + g) * p->d;
-                        for (int c = 0; c < p->d; c++)
-                            row[c] = attn_from_f32((float)(base[c] + noise * attn_rng_normal(&r)),
-                                                   p->dtype);
+                        const size_t row = (((size_t)b * p->N_k + j) * p->H_kv + g) * p->d;
+                        for (int c = 0; c < p->d; c++) {
+                            const float x = (float)(base[c] + noise * attn_rng_normal(&r));
+                            if (t->k32) t->k32[row + c] = x;
+                            else t->k[row + c] = attn_from_f32(x, p->dtype);
+                        }
                     }
                 }
             free(base);
         }
     }
+    char err[ATTN_MSG_LEN];
+    if (p->dtype == ATTN_E4M3) (void)attn_host_quantize(t, err);   /* drawn values are finite */
     attn_host_poison_outputs(t);
+}
+
+/* ---- e4m3 inputs --------------------------------------------------------------------- */
+
+/* One of Q, K, V of an e4m3 host: its bytes, scales and values before quantization, the
+ * elements the host holds, and where an element's scale is: a row of the tensor is one head
+ * of one token, `heads` heads a token, N tokens a batch, `group` heads a scale (Q: the G
+ * query heads of a kv head; K, V: 1). */
+typedef struct {
+    unsigned char *x8;
+    float *scale;
+    const float *x32;
+    float *y;                  /* attn_host_dequantize's output */
+    size_t n;
+    int d, heads, N, group, H_kv;
+} qtensor;
+
+static qtensor qtensor_of(const attn_host *t, int which)
+{
+    const attn_problem *p = &t->p;
+    const int G = p->H / p->H_kv;
+    qtensor x = { 0 };
+    x.d = p->d;
+    x.H_kv = p->H_kv;
+    x.heads = which == 0 ? p->H : p->H_kv;
+    x.N = which == 0 ? p->N_q : p->N_k;
+    x.group = which == 0 ? G : 1;
+    x.n = which == 0 ? attn_numel_q(p) : attn_numel_kv(p);
+    if (t->period && x.n > t->period) x.n = t->period;
+    x.x8 = which == 0 ? t->q8 : which == 1 ? t->k8 : t->v8;
+    x.scale = which == 0 ? t->q_descale : which == 1 ? t->k_descale : t->v_descale;
+    x.x32 = which == 0 ? t->q32 : which == 1 ? t->k32 : t->v32;
+    return x;
+}
+
+/* the scale index, b * H_kv + kv head, of the elements of row `row` */
+static size_t scale_of_row(const qtensor *x, size_t row)
+{
+    const size_t b = row / (size_t)x->heads / (size_t)x->N;
+    return b * (size_t)x->H_kv + (size_t)(row % (size_t)x->heads) / (size_t)x->group;
+}
+
+static void quantize_chunk(const void *ctx, size_t c, size_t begin, size_t end)
+{
+    const qtensor *x = ctx;
+    const size_t d = (size_t)x->d;
+    (void)c;
+    for (size_t i = begin; i < end;) {   /* row by row: one scale a row */
+        const size_t row = i / d, stop = (row + 1) * d < end ? (row + 1) * d : end;
+        const float s = x->scale[scale_of_row(x, row)];
+        for (; i < stop; i++) x->x8[i] = attn_f32_to_e4m3(x->x32[i] / s);
+    }
+}
+
+static void dequantize_chunk(const void *ctx, size_t c, size_t begin, size_t end)
+{
+    const qtensor *x = ctx;
+    const size_t d = (size_t)x->d;
+    (void)c;
+    for (size_t i = begin; i < end;) {
+        const size_t row = i / d, stop = (row + 1) * d < end ? (row + 1) * d : end;
+        const float s = x->scale[scale_of_row(x, row)];
+        for (; i < stop; i++) x->y[i] = attn_e4m3_to_f32(x->x8[i]) * s;
+    }
+}
+
+int attn_host_quantize(attn_host *t, char *err)
+{
+    const attn_problem *p = &t->p;
+    const size_t ns = (size_t)p->B * p->H_kv;
+    static const char *names[3] = { "Q", "K", "V" };
+    for (int which = 0; which < 3; which++) {
+        const qtensor x = qtensor_of(t, which);
+        for (size_t s = 0; s < ns; s++) x.scale[s] = 0.0f;   /* the slice's amax, first */
+        for (size_t row = 0; row * (size_t)x.d < x.n; row++) {
+            float *amax = &x.scale[scale_of_row(&x, row)];
+            for (size_t i = row * (size_t)x.d; i < (row + 1) * (size_t)x.d && i < x.n; i++) {
+                const float a = fabsf(x.x32[i]);
+                if (!isfinite(a)) {
+                    snprintf(err, ATTN_MSG_LEN, "%s holds a value that is not finite (%g): e4m3 "
+                             "needs finite inputs", names[which], x.x32[i]);
+                    return -1;
+                }
+                if (a > *amax) *amax = a;
+            }
+        }
+        /* 448, e4m3's largest value, for the amax; scale 1 where that is 0 (an all-zero slice,
+         * or one so small that amax / 448 underflows) */
+        for (size_t s = 0; s < ns; s++) {
+            x.scale[s] /= 448.0f;
+            if (!(x.scale[s] > 0.0f)) x.scale[s] = 1.0f;
+        }
+        par_chunks(x.n, quantize_chunk, &x);
+    }
+    return 0;
+}
+
+int attn_host_dequantize(const attn_host *t, float **q, float **k, float **v)
+{
+    float **out[3] = { q, k, v };
+    int ok = 1;
+    for (int which = 0; which < 3; which++) {
+        qtensor x = qtensor_of(t, which);
+        float *y = malloc(x.n * sizeof(float) + 1);
+        *out[which] = y;
+        if (!y) { ok = 0; continue; }
+        x.y = y;
+        par_chunks(x.n, dequantize_chunk, &x);
+    }
+    if (ok) return 0;
+    for (int which = 0; which < 3; which++) { free(*out[which]); *out[which] = NULL; }
+    return -1;
 }
 
 typedef struct { const uint16_t *x; float *f; attn_dtype t; } conv_ctx;

@@ -70,7 +70,7 @@ int attn_gpu_available(int *count, char *why)
 
 typedef struct {
     void *q, *k, *v, *o, *d_o, *dq, *dk, *dv, *ws, *flush, *mask;
-    float *lse;
+    float *lse, *q_descale, *k_descale, *v_descale;
 } dev_bufs;
 
 static cudaError_t launch(const attn_stage *st, attn_dir dir, const attn_problem *p,
@@ -79,17 +79,17 @@ static cudaError_t launch(const attn_stage *st, attn_dir dir, const attn_problem
     return dir == ATTN_BACKWARD ? st->backward(p, a, s) : st->forward(p, a, s);
 }
 
-/* Copies n 16-bit elements to dst on the device: all of src, or (period < n: a timed run's
- * inputs, attn_host_alloc_timed) its first period elements, then the filled part doubled onto
- * what follows until n are there. */
-static cudaError_t put_input(void *dst, const uint16_t *src, size_t n, size_t period,
+/* Copies n elements of `size` bytes (2, or 1 for e4m3's inputs) to dst on the device: all of
+ * src, or (period < n: a timed run's inputs, attn_host_alloc_timed) its first period elements,
+ * then the filled part doubled onto what follows until n are there. */
+static cudaError_t put_input(void *dst, const void *src, size_t n, size_t size, size_t period,
                              cudaStream_t s)
 {
     const size_t have = period && period < n ? period : n;
-    cudaError_t e = cudaMemcpyAsync(dst, src, have * 2, cudaMemcpyHostToDevice, s);
+    cudaError_t e = cudaMemcpyAsync(dst, src, have * size, cudaMemcpyHostToDevice, s);
     for (size_t done = have; e == cudaSuccess && done < n; done *= 2)
-        e = cudaMemcpyAsync((char *)dst + done * 2, dst, (done < n - done ? done : n - done) * 2,
-                            cudaMemcpyDeviceToDevice, s);
+        e = cudaMemcpyAsync((char *)dst + done * size, dst,
+                            (done < n - done ? done : n - done) * size, cudaMemcpyDeviceToDevice, s);
     return e;
 }
 
@@ -141,6 +141,14 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
         snprintf(info->why, sizeof info->why, "has no block masks (--mask, --block-mask): a dense stage");
         return info->status = ATTN_RUN_REFUSED;
     }
+    if (p->dtype == ATTN_E4M3 && !st->fp8) {
+        snprintf(info->why, sizeof info->why, "has no e4m3 forward (--dtype e4m3): a 16-bit stage");
+        return info->status = ATTN_RUN_REFUSED;
+    }
+    if (p->dtype == ATTN_E4M3 && bwd) {
+        snprintf(info->why, sizeof info->why, "e4m3 is forward only (no --backward)");
+        return info->status = ATTN_RUN_REFUSED;
+    }
     if (p->block_mask && !t->block_mask) {
         snprintf(info->why, sizeof info->why, "internal: a block-masked problem without its mask");
         return info->status = ATTN_RUN_REFUSED;
@@ -157,11 +165,14 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
         return info->status = ATTN_RUN_REFUSED;
     }
 
-    /* sizes */
+    /* sizes: Q, K, V of eb bytes an element, O (and dO, dQ, dK, dV) of 2; e4m3's scales */
+    const int e4m3 = p->dtype == ATTN_E4M3;
+    const size_t eb = attn_input_bytes(p->dtype), ns = e4m3 ? (size_t)p->B * p->H_kv : 0;
     size_t nq = attn_numel_q(p), nkv = attn_numel_kv(p);
     size_t ws_f = st->workspace(p, ATTN_FORWARD), ws_b = bwd ? st->workspace(p, ATTN_BACKWARD) : 0;
     size_t ws = ws_f > ws_b ? ws_f : ws_b;
-    info->tensor_bytes = (nq * 2 + nkv * 2) * 2 * (bwd ? 2 : 1);  /* Q,O,K,V (+dO,dQ,dK,dV) */
+    info->tensor_bytes = (nq + 2 * nkv) * eb + nq * 2 + 3 * ns * sizeof(float) +
+                         (bwd ? (nq + nkv) * 2 * 2 : 0);
     info->lse_bytes = attn_numel_lse(p) * sizeof(float);
     info->stage_ws_bytes = ws;
     info->workspace_bytes = info->lse_bytes + ws;
@@ -179,11 +190,16 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
         return info->status = ATTN_RUN_NO_MEMORY;
     }
 
-    CHECK(cudaMalloc(&d.q, nq * 2));
+    CHECK(cudaMalloc(&d.q, nq * eb));
     CHECK(cudaMalloc(&d.o, nq * 2));
-    CHECK(cudaMalloc(&d.k, nkv * 2));
-    CHECK(cudaMalloc(&d.v, nkv * 2));
+    CHECK(cudaMalloc(&d.k, nkv * eb));
+    CHECK(cudaMalloc(&d.v, nkv * eb));
     CHECK(cudaMalloc((void **)&d.lse, info->lse_bytes));
+    if (e4m3) {
+        CHECK(cudaMalloc((void **)&d.q_descale, ns * sizeof(float)));
+        CHECK(cudaMalloc((void **)&d.k_descale, ns * sizeof(float)));
+        CHECK(cudaMalloc((void **)&d.v_descale, ns * sizeof(float)));
+    }
     if (ws) CHECK(cudaMalloc(&d.ws, ws));
     if (bwd) {
         CHECK(cudaMalloc(&d.d_o, nq * 2));
@@ -197,10 +213,17 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
     if (p->block_mask) CHECK(cudaMalloc(&d.mask, attn_mask_bytes(p)));
 
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    CHECK(put_input(d.q, t->q, nq, t->period, stream));
-    CHECK(put_input(d.k, t->k, nkv, t->period, stream));
-    CHECK(put_input(d.v, t->v, nkv, t->period, stream));
-    if (bwd) CHECK(put_input(d.d_o, t->d_o, nq, t->period, stream));
+    const void *hq = e4m3 ? (const void *)t->q8 : t->q, *hk = e4m3 ? (const void *)t->k8 : t->k;
+    const void *hv = e4m3 ? (const void *)t->v8 : t->v;
+    CHECK(put_input(d.q, hq, nq, eb, t->period, stream));
+    CHECK(put_input(d.k, hk, nkv, eb, t->period, stream));
+    CHECK(put_input(d.v, hv, nkv, eb, t->period, stream));
+    if (bwd) CHECK(put_input(d.d_o, t->d_o, nq, 2, t->period, stream));
+    if (e4m3) {
+        CHECK(cudaMemcpyAsync(d.q_descale, t->q_descale, ns * sizeof(float), cudaMemcpyHostToDevice, stream));
+        CHECK(cudaMemcpyAsync(d.k_descale, t->k_descale, ns * sizeof(float), cudaMemcpyHostToDevice, stream));
+        CHECK(cudaMemcpyAsync(d.v_descale, t->v_descale, ns * sizeof(float), cudaMemcpyHostToDevice, stream));
+    }
     if (p->block_mask)
         CHECK(cudaMemcpyAsync(d.mask, t->block_mask, attn_mask_bytes(p), cudaMemcpyHostToDevice, stream));
 
@@ -209,6 +232,7 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
     a.d_o = d.d_o; a.dq = d.dq; a.dk = d.dk; a.dv = d.dv;
     a.ws = d.ws; a.ws_bytes = ws_f;
     a.block_mask = (const unsigned char *)d.mask;
+    a.q_descale = d.q_descale; a.k_descale = d.k_descale; a.v_descale = d.v_descale;
 
     /* The first call of the timed direction is timed too: in a run that is only timed (no
      * outputs copied back, so the GPU does not idle after it) one of SETTLE_ONE_MS or more is
@@ -297,5 +321,6 @@ out:
     cudaFree(d.q); cudaFree(d.k); cudaFree(d.v); cudaFree(d.o); cudaFree(d.lse);
     cudaFree(d.d_o); cudaFree(d.dq); cudaFree(d.dk); cudaFree(d.dv);
     cudaFree(d.ws); cudaFree(d.flush); cudaFree(d.mask);
+    cudaFree(d.q_descale); cudaFree(d.k_descale); cudaFree(d.v_descale);
     return info->status;
 }

@@ -59,6 +59,8 @@ Test(cli, flags)
     char s[256];
     attn_problem_str(&c.p, "x", ATTN_FORWARD, s, sizeof s);
     cr_assert(strstr(s, "window=256") != NULL, "%s", s);
+    cr_assert_eq(parse(&c, "--dtype e4m3 --check", err), 0, "%s", err);
+    cr_assert(c.p.dtype == ATTN_E4M3 && c.dir == ATTN_FORWARD);
 }
 
 /* With a window the FLOP count is the visible (query, key) pairs, exactly: causal window W at
@@ -89,7 +91,7 @@ Test(cli, bad_input_is_exit_2)
                           "--heads 6 --kv-heads 4", "--dtype fp32", "--dtype", "--scale 0",
                           "--scale nan", "--scale x", "--seed -1", "--seqlen 99999999999",
                           "--frobnicate", "positional", "-x", "--window 0", "--window -4",
-                          "--window x" };
+                          "--window x", "--dtype e4m3 --backward", "--backward --dtype e4m3" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         attn_cli c;
         char err[ATTN_MSG_LEN] = { 0 };
@@ -162,6 +164,13 @@ Test(cli, program_exit_codes)
     char first[1024];
     cr_assert_eq(run_prog("--help", &lines, first, sizeof first), 0);
     cr_assert_eq(lines, 0);
+    /* a stage without an fp8 forward refuses e4m3 before any GPU work, with or without a GPU */
+    if (!attn_stages[0]->fp8) {
+        cr_assert_eq(run_prog("--dtype e4m3 --seqlen 8 --check", &lines, first, sizeof first), 2);
+        cr_assert_eq(lines, 1, "%s", first);
+        cr_assert(strncmp(first, attn_stages[0]->name, strlen(attn_stages[0]->name)) == 0 &&
+                  strstr(first, "e4m3"), "%s", first);
+    }
     /* without a GPU: one line naming the reason, exit 2 */
     int n;
     char why[ATTN_MSG_LEN];
@@ -280,6 +289,15 @@ Test(cli, dense_stage_refusal_writes_a_row)
     cr_assert(strstr(note, "a dense stage") != NULL, "%s", note);
     cr_assert_eq(main_row_note(&dense_stub, "--seqlen 300 --causal --window 64", note, sizeof note), 2);
     cr_assert(strncmp(note, "window=64; has no sliding window", 32) == 0, "%s", note);
+}
+
+/* A stage without an fp8 forward refuses e4m3 before it runs, and with --csv writes its refused
+ * row (dtype e4m3, the reason as the note). */
+Test(cli, e4m3_refused_by_a_16_bit_stage)
+{
+    char note[1024];
+    cr_assert_eq(main_row_note(&dense_stub, "--seqlen 300 --dtype e4m3", note, sizeof note), 2);
+    cr_assert(strncmp(note, "has no e4m3 forward", 19) == 0, "%s", note);
 }
 
 /* --block-mask: the note names the file (without its directory); the mask --save wrote is

@@ -458,6 +458,29 @@ Test(gpu, dense_stages_refuse_a_window, .timeout = 120)
     }
 }
 
+/* A stage without an fp8 forward refuses e4m3 inputs in the runner too (attn_main refuses them
+ * first), with the reason, instead of reading e4m3 bytes as 16-bit values. */
+Test(gpu, stages_without_fp8_refuse_e4m3, .timeout = 120)
+{
+    need_gpu();
+    attn_problem p = test_problem(1, 2, 2, 100, 100, 64, 0);
+    p.dtype = ATTN_E4M3;
+    for (int si = 0; si <= attn_nstages; si++) {
+        const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
+        if (!st || st->fp8) continue;
+        attn_host t;
+        cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+        attn_host_fill(&t, 7, ATTN_INPUT_NORMAL);
+        attn_run_info info;
+        attn_run_opts opts = { 0, 1 };
+        const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
+        attn_host_free(&t);
+        cr_assert_eq(rs, ATTN_RUN_REFUSED, "%s ran e4m3 inputs", st->name);
+        cr_assert(strstr(info.why, "e4m3") || strstr(info.why, "capability"),
+                  "%s: refused without the reason: %s", st->name, info.why);
+    }
+}
+
 /* A backward too big for the oracle's own forward of one head (N = 16384, d = 128: 3.4e10
  * multiply-adds a head) is checked with its own L and the run's O (an assisted sample), not skipped:
  * the last ladder stage with a backward, on sampled rows. */

@@ -1,5 +1,6 @@
 /* tests/test_npy.c: .npy round trips and malformed files (CPU only). */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,5 +280,47 @@ Test(npy, save_writes_the_block_mask)
         cr_assert_float_eq(q.pairs, t.p.pairs, 1e-9, "%s: visible pairs %g, want %g", specs[s], q.pairs, t.p.pairs);
         free(m);
     }
+    attn_host_free(&t);
+}
+
+/* e4m3: --save writes the inputs as drawn (before quantization) and the scales, [B, H_kv];
+ * --load quantizes them again to the same bytes and scales. */
+Test(npy, save_and_load_e4m3)
+{
+    attn_problem p = test_problem(2, 4, 2, 5, 7, 16, 0);
+    p.dtype = ATTN_E4M3;
+    attn_host t, u;
+    char err[ATTN_MSG_LEN], path[300];
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, 4, ATTN_INPUT_NORMAL);
+    for (size_t i = 0; i < attn_numel_lse(&p); i++) t.lse[i] = (float)i;
+    cr_assert_eq(attn_save_dir(dir, &t, err), 0, "%s", err);
+    float *y;
+    int nd;
+    int64_t s[8];
+    snprintf(path, sizeof path, "%s/k_descale.npy", dir);
+    cr_assert_eq(attn_npy_read_f32(path, &y, &nd, s, err), 0, "%s", err);
+    cr_assert(nd == 2 && s[0] == 2 && s[1] == 2);
+    cr_assert_eq(memcmp(y, t.k_descale, 4 * sizeof(float)), 0);
+    free(y);
+    snprintf(path, sizeof path, "%s/q.npy", dir);
+    cr_assert_eq(attn_npy_read_f32(path, &y, &nd, s, err), 0, "%s", err);
+    cr_assert_eq(memcmp(y, t.q32, attn_numel_q(&p) * sizeof(float)), 0, "q.npy: the values before quantization");
+    free(y);
+    attn_problem p2 = test_problem(1, 1, 1, 1, 1, 64, 0);
+    p2.dtype = ATTN_E4M3;
+    cr_assert_eq(attn_load_dir(dir, &u, &p2, 0, err), 0, "%s", err);
+    cr_assert(u.p.B == 2 && u.p.H == 4 && u.p.H_kv == 2 && u.p.N_q == 5 && u.p.N_k == 7 && u.p.d == 16);
+    cr_assert_eq(memcmp(t.q8, u.q8, attn_numel_q(&p)), 0);
+    cr_assert_eq(memcmp(t.k8, u.k8, attn_numel_kv(&p)), 0);
+    cr_assert_eq(memcmp(t.v8, u.v8, attn_numel_kv(&p)), 0);
+    cr_assert_eq(memcmp(t.q_descale, u.q_descale, 4 * sizeof(float)), 0);
+    cr_assert_eq(memcmp(t.v_descale, u.v_descale, 4 * sizeof(float)), 0);
+    attn_host_free(&u);
+    /* a value that is not finite: refused, one line naming the directory */
+    t.k32[3] = NAN;
+    cr_assert_eq(attn_save_dir(dir, &t, err), 0, "%s", err);
+    cr_assert_eq(attn_load_dir(dir, &u, &p2, 0, err), -1);
+    cr_assert(strstr(err, dir) && strstr(err, "finite") && !strchr(err, '\n'), "%s", err);
     attn_host_free(&t);
 }
