@@ -1,12 +1,15 @@
 /* common/check.c: element-wise comparison against a float64 reference.
  *
- * The rule (also in harness.h). u = unit roundoff of the dtype: bf16 2^-8, fp16 2^-11.
+ * The rule (also in harness.h). u = unit roundoff of the dtype: bf16 2^-8, fp16 2^-11, e4m3
+ * 2^-4.
  *   O, dQ, dK, dV: pass iff |x - r| <= c * u * (|r| + max(s, m)), m = the element's term
  *                  magnitude sqrt(sum of the squared terms summed into it) from the
  *                  oracle, s = max(RMS r, RMS m) over the checked elements of the tensor;
  *                  c = 4 for O, 16 for dQ, dK, dV.
  *   L            : pass iff |x - r| <= c * u32 * (|r| + 1), c = 256, u32 = 2^-24 (L is float32).
  *   O, dQ, dK, dV as a whole: ||x - r||_2 <= 3 u max(||r||_2, ||m||_2) (harness.h says why).
+ *   e4m3 (O only): the same with u = 2^-4 (that of P, which the kernel rounds to e4m3) and
+ *                  1 u max(||r||_2, ||m||_2) for the norm (harness.h says why).
  * x must be finite. Why this shape: storing the result in 16 bits alone costs u*|r|; the
  * products inside the kernel (P rounded to 16 bits before P V, dS before dS K, ...) add
  * errors of about u times the size of the terms of each sum, hence the s floor, which
@@ -136,7 +139,8 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
     /* the norm-wise bound, relative to ||r||: c_nw u max(1, ||m|| / ||r||) */
     if (!l.lse && sum_r2 > 0) {
         const double rho = sum_m2 > sum_r2 ? sqrt(sum_m2 / sum_r2) : 1.0;
-        out->nw_bound = ATTN_TOL_C_NW * c_scale * out->u * rho;
+        const double c_nw = p->dtype == ATTN_E4M3 ? ATTN_TOL_C_NW_E4M3 : ATTN_TOL_C_NW;
+        out->nw_bound = c_nw * c_scale * out->u * rho;
         out->nw_fail = !(out->normwise <= out->nw_bound);
     }
     return out->mismatches || out->nw_fail ? 1 : 0;

@@ -1,4 +1,5 @@
-/* tests/test_fp8.c: the e4m3 side of the harness (CPU only): the e4m3 encoding. */
+/* tests/test_fp8.c: the e4m3 side of the harness (CPU only): the e4m3 encoding, the
+ * quantization of the inputs, and the tolerance rule against a simulated fp8 kernel. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -187,4 +188,151 @@ Test(fp8, oracle_of_the_dequantized_inputs)
     free(q); free(k); free(v);
     attn_ref_free(&r); attn_ref_free(&rf); attn_ref_free(&rb);
     attn_host_free(&t); attn_host_free(&tb);
+}
+
+/* ---- the tolerance rule, against what an fp8 kernel computes -------------------------- */
+
+enum { SIM_CORRECT, SIM_V_TRANSPOSED, SIM_P_PERMUTED, SIM_SUM_ROUNDED };
+
+/* FlashAttention-3's forward on e4m3, on the CPU, into t->o and t->lse. Each query row takes
+ * the keys in tiles of 128 (the kernel's kBlockN): scores from the e4m3 values in fp32, times
+ * scale * q_descale * k_descale * log2(e) (base 2); a running max m; P = exp2(s - m + 8)
+ * (<= 256: FlashAttention-3's offset, so that small probabilities stay in e4m3's normal
+ * range); the row sum l of P in fp32 before P is rounded (as FlashAttention-3 does), P rounded
+ * to e4m3 for P V, accumulated in fp32 (rescaled by exp2(m_old - m_new) when m grows); O =
+ * acc * v_descale / l rounded to bf16, L = (m - 8) ln 2 + ln l.
+ * how: SIM_CORRECT that; SIM_V_TRANSPOSED V's 8 x 8 blocks (keys x columns) transposed;
+ * SIM_P_PERMUTED P's values 2, 3 and 4, 5 of every 8 keys exchanged (the two layout bugs of an
+ * fp8 P V product); SIM_SUM_ROUNDED l summed from the rounded P (O as accurate, but L off by
+ * up to ln(1 + 2^-4), far outside L's float32 rule). */
+static void simulate_fp8(attn_host *t, int how)
+{
+    const attn_problem *p = &t->p;
+    const int d = p->d, G = p->H / p->H_kv, TILE = 128;
+    float e4m3[256];   /* the value of every code */
+    for (int x = 0; x < 256; x++) e4m3[x] = attn_e4m3_to_f32((uint8_t)x);
+    float *s = malloc(sizeof(float) * TILE), *pr = malloc(sizeof(float) * TILE);
+    float *acc = malloc(sizeof(float) * d);
+    cr_assert(s && pr && acc);
+    for (int b = 0; b < p->B; b++)
+        for (int h = 0; h < p->H; h++)
+            for (int i = 0; i < p->N_q; i++) {
+                const size_t sc = (size_t)b * p->H_kv + h / G;
+                const float scale2 = p->scale * t->q_descale[sc] * t->k_descale[sc] * 1.4426950408889634f;
+                const unsigned char *qi = t->q8 + (((size_t)b * p->N_q + i) * p->H + h) * d;
+                int lo, hi;
+                attn_visible_keys(p, i, &lo, &hi);
+                float m = -INFINITY, l = 0.0f;
+                for (int c = 0; c < d; c++) acc[c] = 0.0f;
+                for (int j0 = 0; j0 < hi; j0 += TILE) {
+                    float mt = m;
+                    for (int j = j0; j < j0 + TILE; j++) {
+                        pr[j - j0] = 0.0f;
+                        if (j < lo || j >= hi) continue;
+                        const unsigned char *kj = t->k8 + (((size_t)b * p->N_k + j) * p->H_kv + h / G) * d;
+                        float dot = 0.0f;
+                        for (int c = 0; c < d; c++) dot += e4m3[qi[c]] * e4m3[kj[c]];
+                        s[j - j0] = dot * scale2;
+                        mt = fmaxf(mt, s[j - j0]);
+                    }
+                    if (mt == -INFINITY) continue;
+                    const float alpha = exp2f(m - mt);   /* 0 for the first tile */
+                    l *= alpha;
+                    for (int c = 0; c < d; c++) acc[c] *= alpha;
+                    m = mt;
+                    for (int j = j0; j < j0 + TILE && j < hi; j++) {
+                        if (j < lo) continue;
+                        const float pj = exp2f(s[j - j0] - m + 8.0f);
+                        pr[j - j0] = attn_e4m3_to_f32(attn_f32_to_e4m3(pj));
+                        l += how == SIM_SUM_ROUNDED ? pr[j - j0] : pj;
+                    }
+                    for (int j = j0; j < j0 + TILE && j < hi; j++) {
+                        const int r = j % 8, jp = how != SIM_P_PERMUTED ? j
+                                                 : r == 2 || r == 3 ? j + 2 : r == 4 || r == 5 ? j - 2 : j;
+                        const float pj = jp < j0 + TILE ? pr[jp - j0] : 0.0f;
+                        for (int c = 0; c < d; c++) {
+                            /* V[j][c], or with its 8 x 8 blocks transposed V[8 (j/8) + c%8][8 (c/8) + j%8]
+                             * (the blocks wholly inside the keys) */
+                            int jv = j, cv = c;
+                            if (how == SIM_V_TRANSPOSED && j - j % 8 + 8 <= p->N_k) {
+                                jv = j - j % 8 + c % 8;
+                                cv = c - c % 8 + j % 8;
+                            }
+                            acc[c] += pj * e4m3[t->v8[(((size_t)b * p->N_k + jv) * p->H_kv + h / G) * d + cv]];
+                        }
+                    }
+                }
+                const float f = t->v_descale[(size_t)b * p->H_kv + h / G] / l;
+                uint16_t *o = t->o + (((size_t)b * p->N_q + i) * p->H + h) * d;
+                for (int c = 0; c < d; c++) o[c] = attn_f32_to_bf16(acc[c] * f);
+                t->lse[((size_t)b * p->H + h) * p->N_q + i] = (m - 8.0f) * 0.6931471805599453f + logf(l);
+            }
+    free(s); free(pr); free(acc);
+}
+
+typedef struct { int B, H, H_kv, N_q, N_k, d, causal; attn_input_kind kind; float v_mean; } fp8case;
+
+/* The share of the bounds a correct simulated kernel uses over several shapes, input kinds and
+ * seeds (at most 0.7, the aim of the rule for every dtype); the two layout bugs fail (but on
+ * flat rows, whose P is uniform, and where V's mean dominates O); a kernel that sums l from the
+ * rounded P passes O but fails L. v_mean is added to V: the rows' probabilities then round
+ * alike, so O's errors lean one way in a row (u |r|, not u m). */
+Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
+{
+    static const fp8case cases[] = {
+        { 1, 2, 2, 255, 255, 64, 0, ATTN_INPUT_NORMAL, 0 }, { 1, 4, 2, 1000, 1000, 128, 1, ATTN_INPUT_NORMAL, 0 },
+        { 2, 2, 1, 17, 300, 128, 0, ATTN_INPUT_NORMAL, 0 }, { 1, 2, 2, 600, 600, 64, 1, ATTN_INPUT_MEDIUM_LOGITS, 0 },
+        { 1, 2, 2, 255, 255, 64, 0, ATTN_INPUT_FLAT_ROWS, 0 }, { 1, 2, 1, 255, 255, 128, 1, ATTN_INPUT_LARGE_LOGITS, 0 },
+        { 1, 2, 2, 255, 255, 64, 0, ATTN_INPUT_FLAT_ROWS, 3 }, { 1, 2, 2, 1000, 1000, 128, 1, ATTN_INPUT_NORMAL, 3 },
+    };
+    /* the largest shares [O element-wise, O norm-wise, L] of the correct kernel and of the one that
+     * sums the rounded P, the smallest [O element-wise, O norm-wise] of each bug */
+    double worst[2][3] = { { 0 } }, least[2][2] = { { INFINITY, INFINITY }, { INFINITY, INFINITY } };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int seed = 0; seed < 2; seed++) {
+            const fp8case *k = &cases[ci];
+            attn_problem p = test_problem(k->B, k->H, k->H_kv, k->N_q, k->N_k, k->d, k->causal);
+            p.dtype = ATTN_E4M3;
+            attn_host t;
+            char err[ATTN_MSG_LEN];
+            cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+            attn_host_fill(&t, 100 + 10 * ci + seed, k->kind);
+            for (size_t e = 0; e < attn_numel_kv(&p); e++) t.v32[e] += k->v_mean;
+            cr_assert_eq(attn_host_quantize(&t, err), 0, "%s", err);
+            attn_ref r;
+            cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+            char desc[256];
+            attn_problem_str(&p, "simulated", ATTN_FORWARD, desc, sizeof desc);
+            for (int how = 0; how < 4; how++) {
+                simulate_fp8(&t, how);
+                attn_cmp c[5];
+                int nc;
+                const int fails = attn_compare_all(c, &nc, &t, ATTN_FORWARD, &r, NULL);
+                const double sh[3] = { c[0].worst, c[0].normwise / c[0].nw_bound, c[1].worst };
+                cr_log_info("%s kind %d V mean %g seed %d how %d: O element-wise %.3f norm-wise %.3f, "
+                            "L %.3f%s", desc, (int)k->kind, k->v_mean, seed, how, sh[0], sh[1], sh[2],
+                            fails ? " FAIL" : "");
+                for (int e = 0; e < 3 && (how == SIM_CORRECT || how == SIM_SUM_ROUNDED); e++)
+                    worst[how == SIM_CORRECT ? 0 : 1][e] = fmax(worst[how == SIM_CORRECT ? 0 : 1][e], sh[e]);
+                if (how == SIM_CORRECT) {
+                    if (fails) for (int e = 0; e < nc; e++) attn_cmp_print(stderr, &c[e]);
+                    cr_assert_eq(fails, 0, "%s: a correct fp8 kernel must pass", desc);
+                } else if (how == SIM_SUM_ROUNDED) {
+                    cr_assert(!c[0].mismatches && !c[0].nw_fail, "%s: l of the rounded P: O fails", desc);
+                    if (k->kind == ATTN_INPUT_NORMAL)
+                        cr_assert(c[1].mismatches, "%s: l of the rounded P: L passes", desc);
+                } else if (k->kind != ATTN_INPUT_FLAT_ROWS && k->v_mean == 0) {
+                    cr_assert(c[0].mismatches > 0 && c[0].nw_fail, "%s: bug %d passed (%.2f, %.2f)",
+                              desc, how, sh[0], sh[1]);
+                    for (int e = 0; e < 2; e++) least[how - 1][e] = fmin(least[how - 1][e], sh[e]);
+                }
+            }
+            attn_ref_free(&r);
+            attn_host_free(&t);
+        }
+    fprintf(stderr, "fp8 rule: a correct kernel uses at most %.3f (O element-wise), %.3f (O norm-wise), "
+            "%.3f (L) of the bounds; at least V transposed %.1f, %.1f, P permuted %.1f, %.1f; l from "
+            "the rounded P at most %.3f, %.3f, L %.1f\n", worst[0][0], worst[0][1], worst[0][2],
+            least[0][0], least[0][1], least[1][0], least[1][1], worst[1][0], worst[1][1], worst[1][2]);
+    for (int e = 0; e < 3; e++) cr_assert(worst[0][e] <= 0.7, "share %d: %.3f", e, worst[0][e]);
 }

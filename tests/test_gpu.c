@@ -108,6 +108,16 @@ ParameterizedTestParameters(gpu, against_oracle)
 
 static void copy_inputs(attn_host *dst, const attn_host *src)
 {
+    if (src->p.dtype == ATTN_E4M3) {   /* the bytes and their scales (forward only: no dO) */
+        const size_t ns = (size_t)src->p.B * src->p.H_kv * sizeof(float);
+        memcpy(dst->q8, src->q8, attn_numel_q(&src->p));
+        memcpy(dst->k8, src->k8, attn_numel_kv(&src->p));
+        memcpy(dst->v8, src->v8, attn_numel_kv(&src->p));
+        memcpy(dst->q_descale, src->q_descale, ns);
+        memcpy(dst->k_descale, src->k_descale, ns);
+        memcpy(dst->v_descale, src->v_descale, ns);
+        return;
+    }
     memcpy(dst->q, src->q, attn_numel_q(&src->p) * 2);
     memcpy(dst->k, src->k, attn_numel_kv(&src->p) * 2);
     memcpy(dst->v, src->v, attn_numel_kv(&src->p) * 2);
@@ -479,6 +489,67 @@ Test(gpu, stages_without_fp8_refuse_e4m3, .timeout = 120)
         cr_assert(strstr(info.why, "e4m3") || strstr(info.why, "capability"),
                   "%s: refused without the reason: %s", st->name, info.why);
     }
+}
+
+/* Every stage with an fp8 forward (attn_stage.fp8) on e4m3 inputs against the oracle of the
+ * dequantized inputs, at odd shapes, causal and not, GQA and MQA, and the hard input kinds. */
+Test(gpu, fp8_stages_against_oracle, .timeout = 600)
+{
+    need_gpu();
+    const attn_stage *st[8];
+    int ns = 0;
+    for (int i = 0; i < attn_nstages && ns < 8; i++)
+        if (attn_stages[i]->fp8) st[ns++] = attn_stages[i];
+    if (!ns) cr_skip_test("no stage with an fp8 forward built");
+    static const gcase cases[] = {
+        C(2, 2, 2, 17, 17, 64, 1, 0, N_, 1), C(2, 2, 2, 255, 255, 128, 0, 0, N_, 1),
+        C(1, 4, 2, 1000, 1000, 128, 1, 0, N_, 1), C(2, 4, 1, 1000, 1000, 64, 0, 0, N_, 1),
+        C(2, 2, 2, 17, 1000, 128, 1, 0, N_, 1), C(1, 2, 2, 1000, 255, 256, 0, 0, N_, 1),
+        C(1, 2, 2, 4097, 4097, 128, 1, 0, N_, 1), C(2, 2, 2, 255, 255, 64, 1, 0, ML, 1),
+        C(2, 2, 2, 1000, 1000, 128, 0, 0, FR, 1), C(1, 2, 1, 255, 255, 128, 1, 0, LL, 1),
+    };
+    int failures = 0, ran = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const gcase *gc = &cases[k];
+        attn_problem p = test_problem(gc->B, gc->H, gc->H_kv, gc->N_q, gc->N_k, gc->d, gc->causal);
+        p.dtype = ATTN_E4M3;
+        attn_host in;
+        cr_assert_eq(attn_host_alloc(&in, &p, 0), 0);
+        attn_host_fill(&in, test_seed(5000 + k), gc->kind);
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&in, ATTN_FORWARD, NULL, &r), 0);
+        for (int si = 0; si < ns; si++) {
+            attn_host t;
+            cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+            copy_inputs(&t, &in);
+            attn_run_info info;
+            attn_run_opts opts = { 0, 1 };
+            const attn_run_status rs = attn_run(st[si], &t, ATTN_FORWARD, &opts, &info);
+            char shape[256];
+            attn_problem_str(&p, st[si]->name, ATTN_FORWARD, shape, sizeof shape);
+            if (rs == ATTN_RUN_REFUSED || rs == ATTN_RUN_NO_MEMORY) {
+                fprintf(stderr, "[INFO] %s kind=%d: refused, skipped: %s\n", shape, (int)gc->kind, info.why);
+            } else if (rs != ATTN_RUN_OK) {
+                fprintf(stderr, "%s kind=%d: %s\n", shape, (int)gc->kind, info.why);
+                failures++;
+            } else {
+                ran++;
+                attn_cmp c[5];
+                int nc;
+                if (compare_all(c, &nc, &t, ATTN_FORWARD, &r, st[si]->name)) {
+                    char what[512];
+                    snprintf(what, sizeof what, "%s kind=%d: FAIL against the oracle", shape, (int)gc->kind);
+                    print_cmp(what, c, nc);
+                    failures++;
+                }
+            }
+            attn_host_free(&t);
+        }
+        attn_ref_free(&r);
+        attn_host_free(&in);
+    }
+    if (!ran && !failures) cr_skip_test("the fp8 stages refused every shape (not a compute capability 9.0 GPU?)");
+    cr_assert_eq(failures, 0, "%d fp8 runs failed", failures);
 }
 
 /* A backward too big for the oracle's own forward of one head (N = 16384, d = 128: 3.4e10
