@@ -146,6 +146,24 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
     return out->mismatches || out->nw_fail ? 1 : 0;
 }
 
+double attn_rmse(const attn_problem *p, const uint16_t *x, const double *ref, const attn_sample *s)
+{
+    const layout l = layout_of(ATTN_T_O, p, s);
+    const size_t nrows = attn_numel_q(p) / (size_t)l.d;
+    double sum = 0.0;
+    size_t n = 0;
+    int b, nn, h;
+    for (size_t row = 0; row < nrows; row++) {
+        if (l.mask && !l.mask[row]) continue;
+        const size_t e0 = row_start(&l, row, &b, &nn, &h);
+        for (size_t e = e0; e < e0 + (size_t)l.d; e++, n++) {
+            const double err = attn_to_f32(x[e], p->dtype) - ref[e];
+            sum += err * err;
+        }
+    }
+    return n ? sqrt(sum / (double)n) : 0.0;
+}
+
 int attn_compare_all(attn_cmp *cmp, int *ncmp, const attn_host *a, attn_dir dir,
                      const attn_ref *r, const attn_sample *s)
 {

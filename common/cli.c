@@ -78,7 +78,9 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "\n"
         "what to do (default: run once, report nothing but the summary):\n"
         "  --check          compare with a float64 CPU oracle, element-wise; rows are sampled\n"
-        "                   for big shapes (the output says how many were checked)\n"
+        "                   for big shapes (the output says how many were checked); e4m3: the\n"
+        "                   oracle takes the dequantized inputs, and a line gives the RMSE of O\n"
+        "                   against the float64 result of the inputs before quantization\n"
         "  --bench          time the stage call with CUDA events, L2 flushed before each run;\n"
         "                   prints the median ms and TFLOP/s (FLOPs 4*B*H*Nq*Nk*d, half when\n"
         "                   causal, 2.5x for the backward)\n"
@@ -91,14 +93,18 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   gpu,stage,direction,dtype,B,H,H_kv,N_q,N_k,d,causal,median_ms,\n"
         "                   tflops,workspace_bytes,status,note (status ok|refused|failed); a\n"
         "                   masked run's note starts with window=W; mask=PATTERN; (or\n"
-        "                   block-mask=FILE;) block-mask density=X; (the fraction of pairs seen)\n"
+        "                   block-mask=FILE;) block-mask density=X; (the fraction of pairs seen);\n"
+        "                   a checked e4m3 run's has rmse_vs_unquantized=X; (after those)\n"
         "  --load DIR       read q.npy, k.npy, v.npy (and do.npy with --backward), 4-D float32\n"
         "                   or float16 [B,N,heads,d], instead of random inputs; their shapes\n"
-        "                   override the size flags; values are rounded to --dtype\n"
+        "                   override the size flags; values are rounded to --dtype (e4m3:\n"
+        "                   quantized)\n"
         "  --save DIR       write q,k,v,o,lse (and do,dq,dk,dv) .npy files; 16-bit tensors are\n"
         "                   stored as float32 (exact), lse as float32 [B,H,Nq]; with a block\n"
         "                   mask also block_mask.npy, uint8 [bm_b,bm_h,Tq,Tk], the mask the run\n"
-        "                   used (what --block-mask reads)\n"
+        "                   used (what --block-mask reads); e4m3: q,k,v as the float32 values\n"
+        "                   before quantization (--load gives the same run back) and\n"
+        "                   q_descale,k_descale,v_descale float32 [B,Hkv]\n"
         "  --help           this text\n"
         "\n"
         "environment:\n"
@@ -431,6 +437,7 @@ int attn_main(const attn_stage *st, int argc, char **argv)
 
     int exit_code = 0, checked = 0;   /* checked: the oracle compared this run's outputs */
     char check_str[ATTN_MSG_LEN] = "not checked (no --check)", fail_note[ATTN_MSG_LEN] = "";
+    char rmse_note[64] = "";          /* e4m3: "rmse_vs_unquantized=X; " */
     if (c.check) {
         attn_sample s;
         attn_ref r;
@@ -464,6 +471,21 @@ int attn_main(const attn_stage *st, int argc, char **argv)
                 }
             }
             attn_ref_free(&r);
+            /* e4m3: what it costs, beside the check: O against the float64 attention of the
+             * inputs before quantization (FlashAttention-3's Table 3), once the check's reference
+             * is freed */
+            if (p.dtype == ATTN_E4M3) {
+                if (attn_oracle_unquantized(&t, &s, &r)) {
+                    printf("  O  rmse vs the unquantized inputs: not computed (out of host memory)\n");
+                } else {
+                    const double rmse = attn_rmse(&p, t.o, r.o, &s);
+                    printf("  O  rmse vs the unquantized inputs %.3e (float64 attention of the float32 "
+                           "inputs before quantization; RMS of O %.3e; not part of the check)\n", rmse,
+                           cmp[0].rms_ref);
+                    snprintf(rmse_note, sizeof rmse_note, "rmse_vs_unquantized=%.4g; ", rmse);
+                    attn_ref_free(&r);
+                }
+            }
         }
         attn_sample_free(&s);
     }
@@ -486,8 +508,8 @@ int attn_main(const attn_stage *st, int argc, char **argv)
         const char *status = exit_code == 1 ? "failed" : "ok";
         char note[ATTN_MSG_LEN];
         /* a deterministic backward is another variant of the stage: say so in the row */
-        snprintf(note, sizeof note, "%s%s",
-                 p.deterministic && c.dir == ATTN_BACKWARD ? "deterministic " : "",
+        snprintf(note, sizeof note, "%s%s%s",
+                 p.deterministic && c.dir == ATTN_BACKWARD ? "deterministic " : "", rmse_note,
                  exit_code == 1 ? fail_note : (checked ? "checked" : c.check ? "not checked" : ""));
         if (csv_row(c.csv, info.device, st->name, &p, c.dir, c.bench ? info.median_ms : 0, tflops,
                     info.workspace_bytes, status, mname, note))

@@ -192,6 +192,10 @@ int  attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_re
  * block-masked p its mask (attn_oracle, from t->block_mask): -1. */
 int  attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
                      const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r);
+/* e4m3: the forward (O, L) of the rows of s from the inputs before quantization (q32, k32, v32),
+ * what the values drawn or loaded give in float64: the reference of what e4m3 costs (attn_rmse),
+ * not of the check. 0, or -1 when out of host memory (or not an e4m3 host that holds them all). */
+int  attn_oracle_unquantized(const attn_host *t, const attn_sample *s, attn_ref *r);
 void attn_ref_free(attn_ref *r);
 
 /* ---- tolerance check (check.c) ----------------------------------------------------- */
@@ -260,6 +264,10 @@ int attn_compare_all(attn_cmp *cmp, int *ncmp, const attn_host *a, attn_dir dir,
  * carry rounding error); oracle (may be NULL) supplies the term magnitudes. */
 int attn_compare_stages(attn_cmp *cmp, int *ncmp, const attn_host *a, const attn_host *b,
                         attn_dir dir, const attn_ref *oracle);
+/* The root mean square of x - ref over O's elements of the rows of s (NULL masks: all); x is O
+ * (16-bit bits of p's dtype). With attn_oracle_unquantized's reference, what a user of e4m3 loses
+ * (FlashAttention-3's Table 3 reports this RMSE). */
+double attn_rmse(const attn_problem *p, const uint16_t *x, const double *ref, const attn_sample *s);
 /* One line per tensor: "O: PASS max abs 3.1e-03 max rel ... norm-wise ... 0 of N mismatches"
  * followed by the first mismatches with their (b, n, h, c) index. */
 void attn_cmp_print(FILE *f, const attn_cmp *c);

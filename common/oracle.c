@@ -568,6 +568,13 @@ int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const
     return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL);
 }
 
+int attn_oracle_unquantized(const attn_host *t, const attn_sample *s, attn_ref *r)
+{
+    memset(r, 0, sizeof *r);
+    if (t->p.dtype != ATTN_E4M3 || t->period) return -1;
+    return oracle(&t->p, t->q32, t->k32, t->v32, NULL, ATTN_FORWARD, s, r, NULL, t->block_mask);
+}
+
 int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r)
 {
     const attn_problem *p = &t->p;

@@ -336,3 +336,49 @@ Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
             least[0][0], least[0][1], least[1][0], least[1][1], worst[1][0], worst[1][1], worst[1][2]);
     for (int e = 0; e < 3; e++) cr_assert(worst[0][e] <= 0.7, "share %d: %.3f", e, worst[0][e]);
 }
+
+/* ---- what e4m3 costs: O against the float64 attention of the inputs before quantization --- */
+
+/* attn_rmse over all rows and over a sample of them, against a direct computation; against the
+ * inputs before quantization the simulated kernel is further off than against the dequantized
+ * ones (the check's reference), and by what the quantization of Q, K, V costs. */
+Test(fp8, rmse_against_the_unquantized_inputs)
+{
+    attn_problem p = test_problem(1, 2, 1, 300, 300, 128, 1);
+    p.dtype = ATTN_E4M3;
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+    attn_host_fill(&t, 21, ATTN_INPUT_NORMAL);
+    simulate_fp8(&t, SIM_CORRECT);
+    attn_ref r, u;
+    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
+    cr_assert_eq(attn_oracle_unquantized(&t, NULL, &u), 0);
+    attn_sample s;
+    attn_sample_all(&s);
+    s.mask_q = calloc((size_t)p.N_q * p.H, 1);
+    cr_assert_not_null(s.mask_q);
+    double all = 0, some = 0;
+    size_t nsome = 0;
+    for (size_t e = 0; e < attn_numel_q(&p); e++) {
+        const double err = attn_bf16_to_f32(t.o[e]) - u.o[e];
+        const size_t row = e / (size_t)p.d;
+        all += err * err;
+        if (row % 7 == 3) {
+            s.mask_q[row] = 1;
+            some += err * err;
+            nsome++;
+        }
+    }
+    const double rmse = attn_rmse(&p, t.o, u.o, NULL), exact = attn_rmse(&p, t.o, r.o, NULL);
+    cr_assert_float_eq(rmse, sqrt(all / (double)attn_numel_q(&p)), 1e-15);
+    cr_assert_float_eq(attn_rmse(&p, t.o, u.o, &s), sqrt(some / (double)nsome), 1e-15);
+    cr_log_info("rmse of the simulated kernel: %.3e against the unquantized inputs, %.3e against the "
+                "dequantized ones", rmse, exact);
+    cr_assert(rmse > 1.5 * exact && rmse < 0.1, "%g, %g", rmse, exact);
+    attn_ref_free(&u);
+    t.period = 1;   /* a timed host holds only part of its inputs: no reference */
+    cr_assert_eq(attn_oracle_unquantized(&t, NULL, &u), -1);
+    attn_sample_free(&s);
+    attn_ref_free(&r);
+    attn_host_free(&t);
+}
