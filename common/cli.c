@@ -17,7 +17,8 @@
 enum {
     OPT_BATCH = 256, OPT_HEADS, OPT_KV_HEADS, OPT_SEQLEN, OPT_SEQLEN_Q, OPT_SEQLEN_K, OPT_DIM,
     OPT_CAUSAL, OPT_DTYPE, OPT_SCALE, OPT_SEED, OPT_CHECK, OPT_BENCH, OPT_BACKWARD,
-    OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP, OPT_WINDOW, OPT_MASK, OPT_BLOCK_MASK
+    OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP, OPT_WINDOW, OPT_MASK, OPT_BLOCK_MASK,
+    OPT_INPUTS
 };
 
 static const struct option long_opts[] = {
@@ -35,6 +36,7 @@ static const struct option long_opts[] = {
     { "dtype", required_argument, NULL, OPT_DTYPE },
     { "scale", required_argument, NULL, OPT_SCALE },
     { "seed", required_argument, NULL, OPT_SEED },
+    { "inputs", required_argument, NULL, OPT_INPUTS },
     { "check", no_argument, NULL, OPT_CHECK },
     { "bench", no_argument, NULL, OPT_BENCH },
     { "backward", no_argument, NULL, OPT_BACKWARD },
@@ -52,7 +54,7 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
     fprintf(f,
         "usage: %s [flags]\n"
         "Runs one attention problem on the GPU with fresh random inputs (normal(0,1) from\n"
-        "--seed, rounded to the dtype) and reports correctness and/or time.\n"
+        "--seed, rounded to the dtype; see --inputs) and reports correctness and/or time.\n"
         "\n"
         "problem (layouts Q,O [B,Nq,H,d], K,V [B,Nk,Hkv,d], L [B,H,Nq]):\n"
         "  --batch B        batch size (default 2)\n"
@@ -75,6 +77,10 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   scale per (batch, kv head) each (amax / 448); O is bf16\n"
         "  --scale s        softmax scale (default 1/sqrt(d))\n"
         "  --seed n         input seed (default 1)\n"
+        "  --inputs KIND    normal (default); outliers: Q, K, V N(0,1) plus, with probability\n"
+        "                   0.001, N(0,100) (FlashAttention-3's fp8 test); or the tests' hard\n"
+        "                   kinds: large-logits (Q, K x100; forward), medium-logits (x10),\n"
+        "                   flat-rows (each head's keys one vector + 1e-3 noise)\n"
         "\n"
         "what to do (default: run once, report nothing but the summary):\n"
         "  --check          compare with a float64 CPU oracle, element-wise; rows are sampled\n"
@@ -94,7 +100,8 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   tflops,workspace_bytes,status,note (status ok|refused|failed); a\n"
         "                   masked run's note starts with window=W; mask=PATTERN; (or\n"
         "                   block-mask=FILE;) block-mask density=X; (the fraction of pairs seen);\n"
-        "                   a checked e4m3 run's has rmse_vs_unquantized=X; (after those)\n"
+        "                   then inputs=KIND; (but for normal inputs) and, for a checked e4m3\n"
+        "                   run, rmse_vs_unquantized=X;\n"
         "  --load DIR       read q.npy, k.npy, v.npy (and do.npy with --backward), 4-D float32\n"
         "                   or float16 [B,N,heads,d], instead of random inputs; their shapes\n"
         "                   override the size flags; values are rounded to --dtype (e4m3:\n"
@@ -136,7 +143,7 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
     c->dir = ATTN_FORWARD;
     c->seed = 1;
     int kv_set = 0, scale_set = 0, n_set = 0, N = c->p.N_q, nq = 0, nk = 0;
-    const char *dtype = NULL;
+    const char *dtype = NULL, *inputs = NULL;
     opterr = 0;
     optind = 0;   /* glibc: 0 re-initialises getopt fully (1 can leave a half-read "-xy" behind) */
     for (;;) {
@@ -159,6 +166,7 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         case OPT_MASK: c->mask_spec = optarg; break;
         case OPT_BLOCK_MASK: c->mask_file = optarg; break;
         case OPT_DTYPE: dtype = optarg; break;
+        case OPT_INPUTS: inputs = optarg; break;
         case OPT_SCALE: {
             errno = 0;
             double s = strtod(optarg, &end);
@@ -205,6 +213,15 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
     if (c->help) return 0;
     if (dtype && attn_dtype_parse(dtype, &c->p.dtype)) {
         snprintf(err, ATTN_MSG_LEN, "--dtype: unknown dtype '%s' (want bf16, fp16 or e4m3)", dtype);
+        return 2;
+    }
+    if (inputs && attn_input_parse(inputs, &c->inputs)) {
+        snprintf(err, ATTN_MSG_LEN, "--inputs: unknown kind '%s' (want normal, outliers, large-logits, "
+                 "medium-logits or flat-rows)", inputs);
+        return 2;
+    }
+    if (inputs && c->load) {
+        snprintf(err, ATTN_MSG_LEN, "--inputs and --load: the inputs are drawn or loaded, not both");
         return 2;
     }
     if (c->p.dtype == ATTN_E4M3 && c->dir == ATTN_BACKWARD) {
@@ -370,7 +387,7 @@ int attn_main(const attn_stage *st, int argc, char **argv)
             fprintf(stderr, "%s: out of host memory for the tensors\n", st->name);
             return 2;
         }
-        attn_host_fill(&t, c.seed, ATTN_INPUT_NORMAL);
+        attn_host_fill(&t, c.seed, c.inputs);
     }
     char mname[ATTN_MSG_LEN];
     mask_name(mname, sizeof mname, &c);
@@ -438,6 +455,9 @@ int attn_main(const attn_stage *st, int argc, char **argv)
     int exit_code = 0, checked = 0;   /* checked: the oracle compared this run's outputs */
     char check_str[ATTN_MSG_LEN] = "not checked (no --check)", fail_note[ATTN_MSG_LEN] = "";
     char rmse_note[64] = "";          /* e4m3: "rmse_vs_unquantized=X; " */
+    char inputs_note[64] = "";        /* "inputs=KIND; " but for normal ones */
+    if (c.inputs != ATTN_INPUT_NORMAL)
+        snprintf(inputs_note, sizeof inputs_note, "inputs=%s; ", attn_input_name(c.inputs));
     if (c.check) {
         attn_sample s;
         attn_ref r;
@@ -508,8 +528,8 @@ int attn_main(const attn_stage *st, int argc, char **argv)
         const char *status = exit_code == 1 ? "failed" : "ok";
         char note[ATTN_MSG_LEN];
         /* a deterministic backward is another variant of the stage: say so in the row */
-        snprintf(note, sizeof note, "%s%s%s",
-                 p.deterministic && c.dir == ATTN_BACKWARD ? "deterministic " : "", rmse_note,
+        snprintf(note, sizeof note, "%s%s%s%s",
+                 p.deterministic && c.dir == ATTN_BACKWARD ? "deterministic " : "", inputs_note, rmse_note,
                  exit_code == 1 ? fail_note : (checked ? "checked" : c.check ? "not checked" : ""));
         if (csv_row(c.csv, info.device, st->name, &p, c.dir, c.bench ? info.median_ms : 0, tflops,
                     info.workspace_bytes, status, mname, note))

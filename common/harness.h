@@ -91,8 +91,13 @@ typedef enum {
                               * the forward: at that size fp32 scores themselves are off by
                               * ~1e-2, which the backward's recomputed P amplifies */
     ATTN_INPUT_FLAT_ROWS,    /* every key of a head = one vector + 1e-3 noise: near-constant rows */
-    ATTN_INPUT_MEDIUM_LOGITS /* Q and K scaled by 10: scores of order +-1e2, P nearly one-hot */
+    ATTN_INPUT_MEDIUM_LOGITS, /* Q and K scaled by 10: scores of order +-1e2, P nearly one-hot */
+    ATTN_INPUT_OUTLIERS      /* Q, K, V: N(0,1) plus, with probability 0.001, N(0,100) (standard
+                              * deviation 10): FlashAttention-3's test of fp8, outlier features */
 } attn_input_kind;
+/* --inputs: "normal", "large-logits", "flat-rows", "medium-logits", "outliers" */
+const char *attn_input_name(attn_input_kind k);
+int    attn_input_parse(const char *s, attn_input_kind *k); /* 0 ok */
 
 /* Host copies of every tensor of one problem. 16-bit tensors hold raw bf16/fp16 bits. With
  * e4m3 q, k, v (and d_o, dq, dk, dv: forward only) are NULL: the inputs are q8, k8, v8 with
@@ -335,6 +340,7 @@ typedef struct {
     int check, bench, help;
     const char *csv, *load, *save;
     const char *mask_spec, *mask_file;   /* --mask PATTERN, --block-mask FILE.npy */
+    attn_input_kind inputs;              /* --inputs KIND */
     int nq_set, nk_set, scale_set;
 } attn_cli;
 

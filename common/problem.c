@@ -209,11 +209,36 @@ static void par_chunks(size_t n, chunk_fn chunk, const void *ctx)
     }
 }
 
+static const char *const input_names[] = { "normal", "large-logits", "flat-rows", "medium-logits",
+                                            "outliers" };
+
+const char *attn_input_name(attn_input_kind k)
+{
+    return (unsigned)k < sizeof input_names / sizeof input_names[0] ? input_names[k] : "?";
+}
+
+int attn_input_parse(const char *s, attn_input_kind *k)
+{
+    for (size_t i = 0; i < sizeof input_names / sizeof input_names[0]; i++)
+        if (strcmp(s, input_names[i]) == 0) { *k = (attn_input_kind)i; return 0; }
+    return -1;
+}
+
 /* Each tensor draws from its own stream, so adding dO does not change Q, K, V. A stream is
  * cut into chunks, each with its own generator, so the values do not depend on how many
  * threads fill them. A value goes to x rounded to t, or as drawn to x32 (e4m3's inputs, which
- * attn_host_quantize rounds): the same values for every dtype. */
-typedef struct { uint16_t *x; float *x32; uint64_t stream; double mul; attn_dtype t; } fill_ctx;
+ * attn_host_quantize rounds): the same values for every dtype. With outliers, each value also
+ * draws a uniform, and where it is below OUTLIER_P gets N(0, OUTLIER_SD^2) added. */
+#define OUTLIER_P 0.001
+#define OUTLIER_SD 10.0
+typedef struct {
+    uint16_t *x;
+    float *x32;
+    uint64_t stream;
+    double mul;
+    attn_dtype t;
+    int outliers;
+} fill_ctx;
 
 static void fill_chunk(const void *ctx, size_t c, size_t begin, size_t end)
 {
@@ -221,16 +246,18 @@ static void fill_chunk(const void *ctx, size_t c, size_t begin, size_t end)
     attn_rng r;
     attn_rng_init(&r, f->stream + c * 0xD1B54A32D192ED03ull);
     for (size_t i = begin; i < end; i++) {
-        const float x = (float)(f->mul * attn_rng_normal(&r));
+        double v = attn_rng_normal(&r);
+        if (f->outliers && attn_rng_uniform(&r) < OUTLIER_P) v += OUTLIER_SD * attn_rng_normal(&r);
+        const float x = (float)(f->mul * v);
         if (f->x32) f->x32[i] = x;
         else f->x[i] = attn_from_f32(x, f->t);
     }
 }
 
 static void fill_normal(uint16_t *x, float *x32, size_t n, uint64_t seed, uint64_t tag,
-                        double mul, attn_dtype t)
+                        double mul, attn_dtype t, int outliers)
 {
-    const fill_ctx f = { x, x32, seed * 0x9E3779B97F4A7C15ull + tag, mul, t };
+    const fill_ctx f = { x, x32, seed * 0x9E3779B97F4A7C15ull + tag, mul, t, outliers };
     par_chunks(n, fill_chunk, &f);
 }
 
@@ -245,10 +272,11 @@ void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)
         nq = nq < t->period ? nq : t->period;
         nkv = nkv < t->period ? nkv : t->period;
     }
-    fill_normal(t->q, t->q32, nq, seed, 1, mul_qk, p->dtype);
-    fill_normal(t->k, t->k32, nkv, seed, 2, mul_qk, p->dtype);
-    fill_normal(t->v, t->v32, nkv, seed, 3, 1.0, p->dtype);
-    if (t->d_o) fill_normal(t->d_o, NULL, nq, seed, 4, 1.0, p->dtype);
+    const int outliers = kind == ATTN_INPUT_OUTLIERS;
+    fill_normal(t->q, t->q32, nq, seed, 1, mul_qk, p->dtype, outliers);
+    fill_normal(t->k, t->k32, nkv, seed, 2, mul_qk, p->dtype, outliers);
+    fill_normal(t->v, t->v32, nkv, seed, 3, 1.0, p->dtype, outliers);
+    if (t->d_o) fill_normal(t->d_o, NULL, nq, seed, 4, 1.0, p->dtype, 0);
     if (kind == ATTN_INPUT_FLAT_ROWS && !t->period) {
         /* every key of head (b, g) = the same vector plus 1e-3 noise: all scores of a row
          * nearly equal, so P is nearly uniform and O nearly the mean of V */

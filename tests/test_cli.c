@@ -60,7 +60,14 @@ Test(cli, flags)
     attn_problem_str(&c.p, "x", ATTN_FORWARD, s, sizeof s);
     cr_assert(strstr(s, "window=256") != NULL, "%s", s);
     cr_assert_eq(parse(&c, "--dtype e4m3 --check", err), 0, "%s", err);
-    cr_assert(c.p.dtype == ATTN_E4M3 && c.dir == ATTN_FORWARD);
+    cr_assert(c.p.dtype == ATTN_E4M3 && c.dir == ATTN_FORWARD && c.inputs == ATTN_INPUT_NORMAL);
+    const char *kinds[] = { "normal", "large-logits", "flat-rows", "medium-logits", "outliers" };
+    for (int k = 0; k < 5; k++) {
+        char line[64];
+        snprintf(line, sizeof line, "--inputs %s", kinds[k]);
+        cr_assert_eq(parse(&c, line, err), 0, "%s", err);
+        cr_assert(c.inputs == (attn_input_kind)k && !strcmp(attn_input_name(c.inputs), kinds[k]), "%s", line);
+    }
 }
 
 /* With a window the FLOP count is the visible (query, key) pairs, exactly: causal window W at
@@ -91,7 +98,8 @@ Test(cli, bad_input_is_exit_2)
                           "--heads 6 --kv-heads 4", "--dtype fp32", "--dtype", "--scale 0",
                           "--scale nan", "--scale x", "--seed -1", "--seqlen 99999999999",
                           "--frobnicate", "positional", "-x", "--window 0", "--window -4",
-                          "--window x", "--dtype e4m3 --backward", "--backward --dtype e4m3" };
+                          "--window x", "--dtype e4m3 --backward", "--backward --dtype e4m3",
+                          "--inputs", "--inputs gaussian", "--inputs outliers --load d" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         attn_cli c;
         char err[ATTN_MSG_LEN] = { 0 };

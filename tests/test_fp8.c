@@ -272,8 +272,8 @@ static void simulate_fp8(attn_host *t, int how)
 
 typedef struct { int B, H, H_kv, N_q, N_k, d, causal; attn_input_kind kind; float v_mean; } fp8case;
 
-/* The share of the bounds a correct simulated kernel uses over several shapes, input kinds and
- * seeds (at most 0.7, the aim of the rule for every dtype); the two layout bugs fail (but on
+/* The share of the bounds a correct simulated kernel uses over several shapes, input kinds (the
+ * outliers of FlashAttention-3's test too) and seeds (at most 0.7, the aim of the rule for every dtype); the two layout bugs fail (but on
  * flat rows, whose P is uniform, and where V's mean dominates O); a kernel that sums l from the
  * rounded P passes O but fails L. v_mean is added to V: the rows' probabilities then round
  * alike, so O's errors lean one way in a row (u |r|, not u m). */
@@ -284,6 +284,7 @@ Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
         { 2, 2, 1, 17, 300, 128, 0, ATTN_INPUT_NORMAL, 0 }, { 1, 2, 2, 600, 600, 64, 1, ATTN_INPUT_MEDIUM_LOGITS, 0 },
         { 1, 2, 2, 255, 255, 64, 0, ATTN_INPUT_FLAT_ROWS, 0 }, { 1, 2, 1, 255, 255, 128, 1, ATTN_INPUT_LARGE_LOGITS, 0 },
         { 1, 2, 2, 255, 255, 64, 0, ATTN_INPUT_FLAT_ROWS, 3 }, { 1, 2, 2, 1000, 1000, 128, 1, ATTN_INPUT_NORMAL, 3 },
+        { 1, 2, 2, 512, 512, 128, 0, ATTN_INPUT_OUTLIERS, 0 }, { 1, 4, 1, 700, 700, 64, 1, ATTN_INPUT_OUTLIERS, 0 },
     };
     /* the largest shares [O element-wise, O norm-wise, L] of the correct kernel and of the one that
      * sums the rounded P, the smallest [O element-wise, O norm-wise] of each bug */
@@ -380,5 +381,41 @@ Test(fp8, rmse_against_the_unquantized_inputs)
     cr_assert_eq(attn_oracle_unquantized(&t, NULL, &u), -1);
     attn_sample_free(&s);
     attn_ref_free(&r);
+    attn_host_free(&t);
+}
+
+/* ---- FlashAttention-3's test distribution --------------------------------------------- */
+
+/* --inputs outliers: Q, K, V are N(0,1) plus, with probability 0.001, N(0,100): variance 1.1,
+ * about 5.5e-4 of the values beyond 6 (0.001 x P(|N(0,101)| > 6); 2e-9 for N(0,1) alone), some
+ * beyond 20, the mean 0; dO stays normal. */
+Test(fp8, outlier_inputs)
+{
+    attn_problem p = test_problem(1, 1, 1, 8192, 8192, 128, 0);
+    attn_host t;
+    cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+    attn_host_fill(&t, 9, ATTN_INPUT_OUTLIERS);
+    const uint16_t *x[4] = { t.q, t.k, t.v, t.d_o };
+    const size_t n = attn_numel_q(&p);
+    for (int k = 0; k < 4; k++) {
+        double s = 0, s2 = 0, amax = 0;
+        size_t beyond6 = 0;
+        for (size_t e = 0; e < n; e++) {
+            const double v = attn_bf16_to_f32(x[k][e]);
+            s += v;
+            s2 += v * v;
+            beyond6 += fabs(v) > 6.0;
+            amax = fmax(amax, fabs(v));
+        }
+        const double mean = s / n, var = s2 / n - mean * mean, frac = (double)beyond6 / n;
+        cr_log_info("tensor %d: mean %.4f variance %.4f beyond 6: %.2e max %.1f", k, mean, var, frac, amax);
+        cr_assert(fabs(mean) < 0.01, "tensor %d: mean %g", k, mean);
+        if (k == 3) {
+            cr_assert(fabs(var - 1.0) < 0.02 && beyond6 == 0, "dO: variance %g, %zu beyond 6", var, beyond6);
+            continue;
+        }
+        cr_assert(var > 1.05 && var < 1.15, "tensor %d: variance %g", k, var);
+        cr_assert(frac > 4e-4 && frac < 7e-4 && amax > 20.0, "tensor %d: %g beyond 6, max %g", k, frac, amax);
+    }
     attn_host_free(&t);
 }

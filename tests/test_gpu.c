@@ -61,6 +61,7 @@ typedef struct {
 #define LL ATTN_INPUT_LARGE_LOGITS
 #define FR ATTN_INPUT_FLAT_ROWS
 #define ML ATTN_INPUT_MEDIUM_LOGITS
+#define OU ATTN_INPUT_OUTLIERS
 
 static const gcase fixed_cases[] = {
     /* fp16 subset */
@@ -492,7 +493,8 @@ Test(gpu, stages_without_fp8_refuse_e4m3, .timeout = 120)
 }
 
 /* Every stage with an fp8 forward (attn_stage.fp8) on e4m3 inputs against the oracle of the
- * dequantized inputs, at odd shapes, causal and not, GQA and MQA, and the hard input kinds. */
+ * dequantized inputs, at odd shapes, causal and not, GQA and MQA, the hard input kinds and
+ * FlashAttention-3's outliers. */
 Test(gpu, fp8_stages_against_oracle, .timeout = 600)
 {
     need_gpu();
@@ -507,6 +509,7 @@ Test(gpu, fp8_stages_against_oracle, .timeout = 600)
         C(2, 2, 2, 17, 1000, 128, 1, 0, N_, 1), C(1, 2, 2, 1000, 255, 256, 0, 0, N_, 1),
         C(1, 2, 2, 4097, 4097, 128, 1, 0, N_, 1), C(2, 2, 2, 255, 255, 64, 1, 0, ML, 1),
         C(2, 2, 2, 1000, 1000, 128, 0, 0, FR, 1), C(1, 2, 1, 255, 255, 128, 1, 0, LL, 1),
+        C(1, 2, 2, 1000, 1000, 128, 0, 0, OU, 1), C(2, 4, 2, 255, 255, 64, 1, 0, OU, 1),
     };
     int failures = 0, ran = 0;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
