@@ -18,7 +18,7 @@ enum {
     OPT_BATCH = 256, OPT_HEADS, OPT_KV_HEADS, OPT_SEQLEN, OPT_SEQLEN_Q, OPT_SEQLEN_K, OPT_DIM,
     OPT_CAUSAL, OPT_DTYPE, OPT_SCALE, OPT_SEED, OPT_CHECK, OPT_BENCH, OPT_BACKWARD,
     OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP, OPT_WINDOW, OPT_MASK, OPT_BLOCK_MASK,
-    OPT_INPUTS
+    OPT_INPUTS, OPT_HADAMARD
 };
 
 static const struct option long_opts[] = {
@@ -37,6 +37,7 @@ static const struct option long_opts[] = {
     { "scale", required_argument, NULL, OPT_SCALE },
     { "seed", required_argument, NULL, OPT_SEED },
     { "inputs", required_argument, NULL, OPT_INPUTS },
+    { "hadamard", no_argument, NULL, OPT_HADAMARD },
     { "check", no_argument, NULL, OPT_CHECK },
     { "bench", no_argument, NULL, OPT_BENCH },
     { "backward", no_argument, NULL, OPT_BACKWARD },
@@ -75,6 +76,10 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "  --dtype T        bf16, fp16 or e4m3 (default bf16). e4m3: forward only, stages with an\n"
         "                   fp8 forward; Q, K, V drawn in float32 and stored as e4m3 with one\n"
         "                   scale per (batch, kv head) each (amax / 448); O is bf16\n"
+        "  --hadamard       e4m3: before quantization, multiply each head's Q and K by M =\n"
+        "                   H_d diag(s) / sqrt(d) (d a power of two; random signs s from --seed,\n"
+        "                   one draw per (batch, kv head)): (QM)(KM)^T = QK^T, while outliers\n"
+        "                   spread over the head dim (FlashAttention-3's incoherent processing)\n"
         "  --scale s        softmax scale (default 1/sqrt(d))\n"
         "  --seed n         input seed (default 1)\n"
         "  --inputs KIND    normal (default); outliers: Q, K, V N(0,1) plus, with probability\n"
@@ -100,8 +105,8 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   tflops,workspace_bytes,status,note (status ok|refused|failed); a\n"
         "                   masked run's note starts with window=W; mask=PATTERN; (or\n"
         "                   block-mask=FILE;) block-mask density=X; (the fraction of pairs seen);\n"
-        "                   then inputs=KIND; (but for normal inputs) and, for a checked e4m3\n"
-        "                   run, rmse_vs_unquantized=X;\n"
+        "                   then inputs=KIND; (but for normal inputs), hadamard; (with it)\n"
+        "                   and, for a checked e4m3 run, rmse_vs_unquantized=X;\n"
         "  --load DIR       read q.npy, k.npy, v.npy (and do.npy with --backward), 4-D float32\n"
         "                   or float16 [B,N,heads,d], instead of random inputs; their shapes\n"
         "                   override the size flags; values are rounded to --dtype (e4m3:\n"
@@ -110,8 +115,9 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   stored as float32 (exact), lse as float32 [B,H,Nq]; with a block\n"
         "                   mask also block_mask.npy, uint8 [bm_b,bm_h,Tq,Tk], the mask the run\n"
         "                   used (what --block-mask reads); e4m3: q,k,v as the float32 values\n"
-        "                   before quantization (--load gives the same run back) and\n"
-        "                   q_descale,k_descale,v_descale float32 [B,Hkv]\n"
+        "                   before quantization (and --hadamard; --load gives the same run back,\n"
+        "                   with the same --hadamard --seed) and q_descale,k_descale,v_descale\n"
+        "                   float32 [B,Hkv]\n"
         "  --help           this text\n"
         "\n"
         "environment:\n"
@@ -167,6 +173,7 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         case OPT_BLOCK_MASK: c->mask_file = optarg; break;
         case OPT_DTYPE: dtype = optarg; break;
         case OPT_INPUTS: inputs = optarg; break;
+        case OPT_HADAMARD: c->hadamard = 1; break;
         case OPT_SCALE: {
             errno = 0;
             double s = strtod(optarg, &end);
@@ -226,6 +233,16 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
     }
     if (c->p.dtype == ATTN_E4M3 && c->dir == ATTN_BACKWARD) {
         snprintf(err, ATTN_MSG_LEN, "--dtype e4m3 is forward only: no --backward");
+        return 2;
+    }
+    if (c->hadamard && c->p.dtype != ATTN_E4M3) {
+        snprintf(err, ATTN_MSG_LEN, "--hadamard needs --dtype e4m3 (it rotates Q and K before they "
+                 "are quantized)");
+        return 2;
+    }
+    /* with --load, d comes from the files (attn_host_quantize checks it then) */
+    if (c->hadamard && !c->load && (c->p.d & (c->p.d - 1))) {
+        snprintf(err, ATTN_MSG_LEN, "--hadamard needs a head dim that is a power of two (--dim %d)", c->p.d);
         return 2;
     }
     const char *smem = getenv("ATTN_SMEM_PER_BLOCK");
@@ -389,6 +406,13 @@ int attn_main(const attn_stage *st, int argc, char **argv)
         }
         attn_host_fill(&t, c.seed, c.inputs);
     }
+    /* --hadamard: Q and K quantized again, rotated (the drawn or loaded values were quantized
+     * without the rotation) */
+    if (c.hadamard && attn_host_quantize(&t, 1, c.seed, err)) {
+        fprintf(stderr, "%s: %s\n", st->name, err);
+        attn_host_free(&t);
+        return 2;
+    }
     char mname[ATTN_MSG_LEN];
     mask_name(mname, sizeof mname, &c);
     /* a stage without masks refuses them here, before a mask is built (the runner would too);
@@ -455,9 +479,10 @@ int attn_main(const attn_stage *st, int argc, char **argv)
     int exit_code = 0, checked = 0;   /* checked: the oracle compared this run's outputs */
     char check_str[ATTN_MSG_LEN] = "not checked (no --check)", fail_note[ATTN_MSG_LEN] = "";
     char rmse_note[64] = "";          /* e4m3: "rmse_vs_unquantized=X; " */
-    char inputs_note[64] = "";        /* "inputs=KIND; " but for normal ones */
+    char inputs_note[64] = "";        /* "inputs=KIND; " but for normal ones, then "hadamard; " */
     if (c.inputs != ATTN_INPUT_NORMAL)
         snprintf(inputs_note, sizeof inputs_note, "inputs=%s; ", attn_input_name(c.inputs));
+    if (c.hadamard) strcat(inputs_note, "hadamard; ");
     if (c.check) {
         attn_sample s;
         attn_ref r;

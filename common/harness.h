@@ -131,14 +131,23 @@ int  attn_host_alloc(attn_host *t, const attn_problem *p, int backward); /* 0 ok
 int  attn_host_alloc_timed(attn_host *t, const attn_problem *p, int backward); /* see period */
 void attn_host_free(attn_host *t);
 /* Fresh inputs (q, k, v and d_o when allocated) from seed, rounded to p.dtype (e4m3: drawn into
- * q32, k32, v32 and quantized, attn_host_quantize). Outputs are filled with 0xFF bytes (NaN) so
- * an unwritten element can never pass a check. */
+ * q32, k32, v32 and quantized, attn_host_quantize without rotation). Outputs are filled with
+ * 0xFF bytes (NaN) so an unwritten element can never pass a check. */
 void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind);
 /* e4m3: q8, k8, v8 and their scales from q32, k32, v32. Each of Q, K, V has one scale per
  * (batch, kv head), amax / 448 over the slice (Q's over the query heads of the group; 1 when
  * that is 0: an all-zero slice), and an element is stored as e4m3(x / scale). A timed host
- * (period) scales the part it holds. 0, or -1 with a one-line err (a value is not finite). */
-int  attn_host_quantize(attn_host *t, char *err);
+ * (period) scales the part it holds. With hadamard (--hadamard), each row of Q and of K is
+ * rotated first, x M with M = H_d diag(s) / sqrt(d) (attn_hadamard_row; d a power of two), s
+ * one draw of d random signs per (batch, kv head) from seed, shared by the query heads of the
+ * group and the keys: (Q M)(K M)^T = Q K^T while an outlier spreads over the head dim; q32 and
+ * k32 keep the values before the rotation. attn_host_fill and attn_load_dir quantize without
+ * it. 0, or -1 with a one-line err (a value not finite, d not a power of two, no memory). */
+int  attn_host_quantize(attn_host *t, int hadamard, uint64_t seed, char *err);
+/* x <- x H_d diag(s) / sqrt(d), in place: H_d the Sylvester Hadamard matrix (+-1 entries,
+ * H_d H_d^T = d I), by the fast Walsh-Hadamard transform (d log2 d additions); d a power of two,
+ * s d signs (+-1). The matrix is orthogonal: dot products of rotated rows are those of the rows. */
+void attn_hadamard_row(double *x, int d, const signed char *s);
 /* e4m3: the values the kernel computes with, each e4m3 value times its scale, as float (the
  * product rounded once, 2^-24 relative), into malloc'd *q, *k, *v (caller frees). 0, or -1 when
  * out of host memory. */
@@ -341,6 +350,7 @@ typedef struct {
     const char *csv, *load, *save;
     const char *mask_spec, *mask_file;   /* --mask PATTERN, --block-mask FILE.npy */
     attn_input_kind inputs;              /* --inputs KIND */
+    int hadamard;                        /* --hadamard */
     int nq_set, nk_set, scale_set;
 } attn_cli;
 

@@ -357,7 +357,7 @@ int attn_load_dir(const char *dir, attn_host *t, const attn_problem *p0, int bac
         memcpy(t->k32, k.x, attn_numel_kv(&p) * sizeof(float));
         memcpy(t->v32, v.x, attn_numel_kv(&p) * sizeof(float));
         char why[ATTN_MSG_LEN];
-        if (attn_host_quantize(t, why)) {
+        if (attn_host_quantize(t, 0, 0, why)) {
             snprintf(err, ATTN_MSG_LEN, "%s: %s", dir, why);
             attn_host_free(t);
             goto out;

@@ -301,7 +301,7 @@ void attn_host_fill(attn_host *t, uint64_t seed, attn_input_kind kind)
         }
     }
     char err[ATTN_MSG_LEN];
-    if (p->dtype == ATTN_E4M3) (void)attn_host_quantize(t, err);   /* drawn values are finite */
+    if (p->dtype == ATTN_E4M3) (void)attn_host_quantize(t, 0, 0, err);   /* drawn values are finite */
     attn_host_poison_outputs(t);
 }
 
@@ -369,13 +369,56 @@ static void dequantize_chunk(const void *ctx, size_t c, size_t begin, size_t end
     }
 }
 
-int attn_host_quantize(attn_host *t, char *err)
+void attn_hadamard_row(double *x, int d, const signed char *s)
+{
+    for (int h = 1; h < d; h *= 2)   /* x H_d, H_2h = [H_h H_h; H_h -H_h] (symmetric) */
+        for (int i = 0; i < d; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const double a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    const double norm = 1.0 / sqrt((double)d);
+    for (int c = 0; c < d; c++) x[c] *= s[c] * norm;
+}
+
+int attn_host_quantize(attn_host *t, int hadamard, uint64_t seed, char *err)
 {
     const attn_problem *p = &t->p;
-    const size_t ns = (size_t)p->B * p->H_kv;
+    const size_t ns = (size_t)p->B * p->H_kv, d = (size_t)p->d;
     static const char *names[3] = { "Q", "K", "V" };
+    signed char *signs = NULL;   /* --hadamard: d signs a (batch, kv head), then Q and K rotated */
+    float *rot = NULL;           /* into rot */
+    double *row = NULL;
+    int rc = -1;
+    if (hadamard) {
+        if (p->d & (p->d - 1)) {
+            snprintf(err, ATTN_MSG_LEN, "--hadamard needs a head dim that is a power of two (d = %d)", p->d);
+            return -1;
+        }
+        const qtensor xq = qtensor_of(t, 0), xk = qtensor_of(t, 1);
+        signs = malloc(ns * d);
+        rot = malloc((xq.n > xk.n ? xq.n : xk.n) * sizeof(float) + 1);
+        row = malloc(d * sizeof(double));
+        if (!signs || !rot || !row) {
+            snprintf(err, ATTN_MSG_LEN, "out of host memory for --hadamard");
+            goto out;
+        }
+        attn_rng r;   /* a stream of its own: the inputs' tags are 1 to 5 (attn_host_fill) */
+        attn_rng_init(&r, seed * 0x9E3779B97F4A7C15ull + 6);
+        for (size_t i = 0; i < ns * d; i++) signs[i] = attn_rng_u64(&r) >> 63 ? -1 : 1;
+    }
     for (int which = 0; which < 3; which++) {
-        const qtensor x = qtensor_of(t, which);
+        qtensor x = qtensor_of(t, which);
+        if (hadamard && which < 2) {   /* Q and K: quantize x M instead of x */
+            memcpy(rot, x.x32, x.n * sizeof(float));
+            for (size_t r0 = 0; (r0 + 1) * d <= x.n; r0++) {
+                for (size_t c = 0; c < d; c++) row[c] = rot[r0 * d + c];
+                attn_hadamard_row(row, p->d, signs + scale_of_row(&x, r0) * d);
+                for (size_t c = 0; c < d; c++) rot[r0 * d + c] = (float)row[c];
+            }
+            x.x32 = rot;
+        }
         for (size_t s = 0; s < ns; s++) x.scale[s] = 0.0f;   /* the slice's amax, first */
         for (size_t row = 0; row * (size_t)x.d < x.n; row++) {
             float *amax = &x.scale[scale_of_row(&x, row)];
@@ -384,7 +427,7 @@ int attn_host_quantize(attn_host *t, char *err)
                 if (!isfinite(a)) {
                     snprintf(err, ATTN_MSG_LEN, "%s holds a value that is not finite (%g): e4m3 "
                              "needs finite inputs", names[which], x.x32[i]);
-                    return -1;
+                    goto out;
                 }
                 if (a > *amax) *amax = a;
             }
@@ -397,7 +440,12 @@ int attn_host_quantize(attn_host *t, char *err)
         }
         par_chunks(x.n, quantize_chunk, &x);
     }
-    return 0;
+    rc = 0;
+out:
+    free(signs);
+    free(rot);
+    free(row);
+    return rc;
 }
 
 int attn_host_dequantize(const attn_host *t, float **q, float **k, float **v)

@@ -60,7 +60,9 @@ Test(cli, flags)
     attn_problem_str(&c.p, "x", ATTN_FORWARD, s, sizeof s);
     cr_assert(strstr(s, "window=256") != NULL, "%s", s);
     cr_assert_eq(parse(&c, "--dtype e4m3 --check", err), 0, "%s", err);
-    cr_assert(c.p.dtype == ATTN_E4M3 && c.dir == ATTN_FORWARD && c.inputs == ATTN_INPUT_NORMAL);
+    cr_assert(c.p.dtype == ATTN_E4M3 && c.dir == ATTN_FORWARD && c.inputs == ATTN_INPUT_NORMAL && !c.hadamard);
+    cr_assert_eq(parse(&c, "--hadamard --dtype e4m3 --dim 256", err), 0, "%s", err);
+    cr_assert(c.hadamard && c.p.d == 256);
     const char *kinds[] = { "normal", "large-logits", "flat-rows", "medium-logits", "outliers" };
     for (int k = 0; k < 5; k++) {
         char line[64];
@@ -99,7 +101,8 @@ Test(cli, bad_input_is_exit_2)
                           "--scale nan", "--scale x", "--seed -1", "--seqlen 99999999999",
                           "--frobnicate", "positional", "-x", "--window 0", "--window -4",
                           "--window x", "--dtype e4m3 --backward", "--backward --dtype e4m3",
-                          "--inputs", "--inputs gaussian", "--inputs outliers --load d" };
+                          "--inputs", "--inputs gaussian", "--inputs outliers --load d",
+                          "--hadamard", "--hadamard --dtype fp16", "--dtype e4m3 --hadamard --dim 96" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         attn_cli c;
         char err[ATTN_MSG_LEN] = { 0 };

@@ -494,7 +494,7 @@ Test(gpu, stages_without_fp8_refuse_e4m3, .timeout = 120)
 
 /* Every stage with an fp8 forward (attn_stage.fp8) on e4m3 inputs against the oracle of the
  * dequantized inputs, at odd shapes, causal and not, GQA and MQA, the hard input kinds and
- * FlashAttention-3's outliers. */
+ * FlashAttention-3's outliers (with and without --hadamard). */
 Test(gpu, fp8_stages_against_oracle, .timeout = 600)
 {
     need_gpu();
@@ -512,13 +512,18 @@ Test(gpu, fp8_stages_against_oracle, .timeout = 600)
         C(1, 2, 2, 1000, 1000, 128, 0, 0, OU, 1), C(2, 4, 2, 255, 255, 64, 1, 0, OU, 1),
     };
     int failures = 0, ran = 0;
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    for (size_t kh = 0; kh < 2 * (sizeof cases / sizeof cases[0]); kh++) {
+        const size_t k = kh / 2;
         const gcase *gc = &cases[k];
+        const int had = (int)(kh % 2);   /* with --hadamard: the outlier cases */
+        if (had && gc->kind != OU) continue;
         attn_problem p = test_problem(gc->B, gc->H, gc->H_kv, gc->N_q, gc->N_k, gc->d, gc->causal);
         p.dtype = ATTN_E4M3;
         attn_host in;
+        char err[ATTN_MSG_LEN];
         cr_assert_eq(attn_host_alloc(&in, &p, 0), 0);
         attn_host_fill(&in, test_seed(5000 + k), gc->kind);
+        cr_assert_eq(attn_host_quantize(&in, had, test_seed(5000 + k), err), 0, "%s", err);
         attn_ref r;
         cr_assert_eq(attn_oracle(&in, ATTN_FORWARD, NULL, &r), 0);
         for (int si = 0; si < ns; si++) {
@@ -531,9 +536,10 @@ Test(gpu, fp8_stages_against_oracle, .timeout = 600)
             char shape[256];
             attn_problem_str(&p, st[si]->name, ATTN_FORWARD, shape, sizeof shape);
             if (rs == ATTN_RUN_REFUSED || rs == ATTN_RUN_NO_MEMORY) {
-                fprintf(stderr, "[INFO] %s kind=%d: refused, skipped: %s\n", shape, (int)gc->kind, info.why);
+                fprintf(stderr, "[INFO] %s kind=%d hadamard=%d: refused, skipped: %s\n", shape,
+                        (int)gc->kind, had, info.why);
             } else if (rs != ATTN_RUN_OK) {
-                fprintf(stderr, "%s kind=%d: %s\n", shape, (int)gc->kind, info.why);
+                fprintf(stderr, "%s kind=%d hadamard=%d: %s\n", shape, (int)gc->kind, had, info.why);
                 failures++;
             } else {
                 ran++;
@@ -541,7 +547,8 @@ Test(gpu, fp8_stages_against_oracle, .timeout = 600)
                 int nc;
                 if (compare_all(c, &nc, &t, ATTN_FORWARD, &r, st[si]->name)) {
                     char what[512];
-                    snprintf(what, sizeof what, "%s kind=%d: FAIL against the oracle", shape, (int)gc->kind);
+                    snprintf(what, sizeof what, "%s kind=%d hadamard=%d: FAIL against the oracle", shape,
+                             (int)gc->kind, had);
                     print_cmp(what, c, nc);
                     failures++;
                 }
