@@ -514,9 +514,9 @@ Test(fp8, hadamard_quantization)
 /* FlashAttention-3's numerical test (its Table 3) on the CPU: the simulated fp8 kernel on the
  * outlier inputs (B = 1, H = 2, N = 512, d = 128), the RMSE of O against the float64 attention
  * of the inputs before quantization, without and with --hadamard (which passes the check too).
- * FlashAttention-3 reports 2.4e-2 for its kernel without incoherent processing and 9.1e-3 with
- * it (and block scales); here, one scale per (batch, kv head), about 1.0e-2 and 7.3e-3. The
- * rotation must lower it, on each of three seeds. */
+ * FlashAttention-3 reports 2.4e-2 for an fp8 baseline with one scale per tensor and 9.1e-3 for
+ * its kernel with block scales and the rotation; here, one scale per (batch, kv head), about
+ * 1.0e-2 without and 7.3e-3 with the rotation. It must lower it, on each of three seeds. */
 Test(fp8, hadamard_lowers_the_rmse_on_outliers, .timeout = 120)
 {
     attn_problem p = test_problem(1, 2, 2, 512, 512, 128, 0);
