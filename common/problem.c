@@ -387,9 +387,9 @@ int attn_host_quantize(attn_host *t, int hadamard, uint64_t seed, char *err)
     const attn_problem *p = &t->p;
     const size_t ns = (size_t)p->B * p->H_kv, d = (size_t)p->d;
     static const char *names[3] = { "Q", "K", "V" };
-    signed char *signs = NULL;   /* --hadamard: d signs a (batch, kv head), then Q and K rotated */
-    float *rot = NULL;           /* into rot */
-    double *row = NULL;
+    signed char *signs = NULL;   /* --hadamard: d signs a (batch, kv head), */
+    float *rot = NULL;           /* Q or K rotated (x M), */
+    double *buf = NULL;          /* one row of it, rotated in double */
     int rc = -1;
     if (hadamard) {
         if (p->d & (p->d - 1)) {
@@ -399,8 +399,8 @@ int attn_host_quantize(attn_host *t, int hadamard, uint64_t seed, char *err)
         const qtensor xq = qtensor_of(t, 0), xk = qtensor_of(t, 1);
         signs = malloc(ns * d);
         rot = malloc((xq.n > xk.n ? xq.n : xk.n) * sizeof(float) + 1);
-        row = malloc(d * sizeof(double));
-        if (!signs || !rot || !row) {
+        buf = malloc(d * sizeof(double));
+        if (!signs || !rot || !buf) {
             snprintf(err, ATTN_MSG_LEN, "out of host memory for --hadamard");
             goto out;
         }
@@ -413,16 +413,16 @@ int attn_host_quantize(attn_host *t, int hadamard, uint64_t seed, char *err)
         if (hadamard && which < 2) {   /* Q and K: quantize x M instead of x */
             memcpy(rot, x.x32, x.n * sizeof(float));
             for (size_t r0 = 0; (r0 + 1) * d <= x.n; r0++) {
-                for (size_t c = 0; c < d; c++) row[c] = rot[r0 * d + c];
-                attn_hadamard_row(row, p->d, signs + scale_of_row(&x, r0) * d);
-                for (size_t c = 0; c < d; c++) rot[r0 * d + c] = (float)row[c];
+                for (size_t c = 0; c < d; c++) buf[c] = rot[r0 * d + c];
+                attn_hadamard_row(buf, p->d, signs + scale_of_row(&x, r0) * d);
+                for (size_t c = 0; c < d; c++) rot[r0 * d + c] = (float)buf[c];
             }
             x.x32 = rot;
         }
         for (size_t s = 0; s < ns; s++) x.scale[s] = 0.0f;   /* the slice's amax, first */
-        for (size_t row = 0; row * (size_t)x.d < x.n; row++) {
+        for (size_t row = 0; row * d < x.n; row++) {
             float *amax = &x.scale[scale_of_row(&x, row)];
-            for (size_t i = row * (size_t)x.d; i < (row + 1) * (size_t)x.d && i < x.n; i++) {
+            for (size_t i = row * d; i < (row + 1) * d && i < x.n; i++) {
                 const float a = fabsf(x.x32[i]);
                 if (!isfinite(a)) {
                     snprintf(err, ATTN_MSG_LEN, "%s holds a value that is not finite (%g): e4m3 "
@@ -444,7 +444,7 @@ int attn_host_quantize(attn_host *t, int hadamard, uint64_t seed, char *err)
 out:
     free(signs);
     free(rot);
-    free(row);
+    free(buf);
     return rc;
 }
 
