@@ -415,23 +415,14 @@ int attn_main(const attn_stage *st, int argc, char **argv)
     }
     char mname[ATTN_MSG_LEN];
     mask_name(mname, sizeof mname, &c);
-    /* a stage without masks refuses them here, before a mask is built (the runner would too);
-     * with --csv its refused row names the mask, so that a bench can tell the patterns apart */
-    if ((c.mask_spec || c.mask_file || p.window > 0) && !st->masks) {
-        const char *why = "has no sliding window or block masks (--window, --mask, --block-mask): "
-                          "a dense stage";
-        fprintf(stderr, "%s: %s\n", st->name, why);
-        if (c.csv) {
-            char gpu[256];
-            device_name(gpu, sizeof gpu);
-            csv_row(c.csv, gpu, st->name, &p, c.dir, 0, 0, 0, "refused", mname, why);
-        }
-        attn_host_free(&t);
-        return 2;
-    }
-    /* likewise e4m3 for a stage without an fp8 forward, before any of its code runs */
-    if (p.dtype == ATTN_E4M3 && !st->fp8) {
-        const char *why = "has no e4m3 forward (--dtype e4m3): a 16-bit stage";
+    /* a stage without masks refuses them here, before a mask is built (the runner would too),
+     * and likewise e4m3 for a stage without an fp8 forward, before any of its code runs; with
+     * --csv the refused row names the mask, so that a bench can tell the patterns apart */
+    const char *why = (c.mask_spec || c.mask_file || p.window > 0) && !st->masks
+                      ? "has no sliding window or block masks (--window, --mask, --block-mask): a dense stage"
+                      : p.dtype == ATTN_E4M3 && !st->fp8 ? "has no e4m3 forward (--dtype e4m3): a 16-bit stage"
+                      : NULL;
+    if (why) {
         fprintf(stderr, "%s: %s\n", st->name, why);
         if (c.csv) {
             char gpu[256];
