@@ -802,15 +802,15 @@ static size_t bwd_workspace(const attn_problem *p)
 /* Where element (row r, column col) of query tile `tile` (of br rows) lives in the dQ
  * accumulator: each consumer computes a 64 x 64 part of the tile (the columns 64c .. at
  * d = 128, the rows 64c .. at d = 64), and its thread t holds that part's accumulators as any
- * wgmma's (slot 4n + 2 half + e: row 16 warp + lane/4 + 8 half, column 8n + 2 (lane%4) + e);
- * value `slot` of thread t sits at slot * WARPGROUP + t, so that a warp's atomics for one slot
- * cover 32 consecutive floats. */
+ * wgmma's (dq[n][e]: row 16 warp + lane/4 + 8 (e/2), column 8n + 2 (lane%4) + e%2); the four
+ * values dq[n][0..3] of thread t sit together at 4 (WARPGROUP n + t), so that a thread adds
+ * them with one 16-byte atomic and a warp's atomics cover 512 consecutive bytes. */
 static __host__ __device__ __forceinline__ size_t bwd_dq_slot(size_t tile, int r, int col, int d)
 {
     const int br = BWD_Br(d), c = br == 64 ? col / 64 : r / 64, rr = r % 64, cc = col % 64;
     const int t = (rr % 64) / 16 * WARP + rr % 8 * QUAD + cc % 8 / 2;
-    const int slot = cc / 8 * 4 + rr % 16 / 8 * 2 + cc % 2;
-    return tile * br * d + (size_t)c * 64 * 64 + (size_t)slot * WARPGROUP + t;
+    const int n = cc / 8, e = rr % 16 / 8 * 2 + cc % 2;
+    return tile * br * d + (size_t)c * 64 * 64 + 4 * ((size_t)n * WARPGROUP + t) + e;
 }
 
 /* Preprocess: for every row of every head, L in base 2 and D_i = rowsum(dO_i ∘ O_i), into the
@@ -907,6 +907,10 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     const float *Dv = (const float *)(smem_ptr(sm.D) + st * br * 4);
     const float scale_log2 = p->scale * LOG2E;
 
+    /* OFF=dq_atomics: this consumer's dQ slice is free (the writer has read the last step's);
+     * waited for here, where no product is in flight. */
+    if (!DQ_ATOMICS) mbar_wait(sm.dq_free + 8 * c, u ^ 1);
+
     /* Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ: M = this consumer's 64 keys, N = br queries. */
     float s[BWD_Br(64) / MMA_N][4], dp[BWD_Br(64) / MMA_N][4];
     wgmma_fence();
@@ -964,19 +968,18 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         sa[k][2] = pack_x2(dp[2 * k + 1][0], dp[2 * k + 1][1], fp16);
         sa[k][3] = pack_x2(dp[2 * k + 1][2], dp[2 * k + 1][3], fp16);
     }
-    /* dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i: M = keys, N = d, K = queries; dO_i and Q_i are the B
-     * operands, MN-major (d contiguous), as V_j in the forward. */
+    /* dV_j += Pᵀ dO_i: M = keys, N = d, K = queries; dO_i is the B operand, MN-major (d
+     * contiguous), as V_j in the forward. */
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < br / WGMMA_K; k++) {
         const uint64_t b_o = wgmma_desc(dO + k * WGMMA_K * BOX_ROW, br * BOX_ROW, SWIZZLE_ATOM);
-        const uint64_t b_q = wgmma_desc(Q + k * WGMMA_K * BOX_ROW, br * BOX_ROW, SWIZZLE_ATOM);
-        if (d == 64) { wgmma_rs_n64(&dv[0][0], pa[k], b_o, 1, fp16); wgmma_rs_n64(&dk[0][0], sa[k], b_q, 1, fp16); }
-        else         { wgmma_rs_n128(&dv[0][0], pa[k], b_o, 1, fp16); wgmma_rs_n128(&dk[0][0], sa[k], b_q, 1, fp16); }
+        if (d == 64) wgmma_rs_n64(&dv[0][0], pa[k], b_o, 1, fp16);
+        else         wgmma_rs_n128(&dv[0][0], pa[k], b_o, 1, fp16);
     }
     wgmma_commit();
 
-    /* dSᵀ to shared memory, [keys][queries] in 64-query boxes, while those products run: dQ_i's
+    /* dSᵀ to shared memory, [keys][queries] in 64-query boxes, while that product runs: dQ_i's
      * product reads all 128 keys of it, both consumers' rows. */
     const uint32_t dS = sm.dS + u * BWD_Bc * br * 2;
 #pragma unroll
@@ -991,7 +994,8 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
 
     /* dQ_i = dS K_j over all 128 keys, once both consumers' dSᵀ is stored: each consumer a
      * 64 x 64 part (d = 128: columns 64c ..; d = 64: rows 64c ..). A = dS, stored transposed
-     * (MN-major, queries contiguous), B = K_j (MN-major, d contiguous). */
+     * (MN-major, queries contiguous), B = K_j (MN-major, d contiguous). Then dK_j += dSᵀ Q_i
+     * (Q_i the B operand as dO_i above), which runs while dQ_i's part leaves. */
     bar_sync(BAR_DS, 2 * WARPGROUP);
     float dq[64 / MMA_N][4];
     wgmma_fence();
@@ -1004,45 +1008,53 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         wgmma_ss_tt_n64(&dq[0][0], a_k, b_k, k > 0, fp16);
     }
     wgmma_commit();
-    wgmma_wait_0();
+#pragma unroll
+    for (int k = 0; k < br / WGMMA_K; k++) {
+        const uint64_t b_q = wgmma_desc(Q + k * WGMMA_K * BOX_ROW, br * BOX_ROW, SWIZZLE_ATOM);
+        if (d == 64) wgmma_rs_n64(&dk[0][0], sa[k], b_q, 1, fp16);
+        else         wgmma_rs_n128(&dk[0][0], sa[k], b_q, 1, fp16);
+    }
+    wgmma_commit();
+    wgmma_wait_1();                 /* dV's and dQ's products are done, dK's may run on */
     wgmma_hold(&dq[0][0], 32);
-    wgmma_hold(&dk[0][0], d / 2);
     wgmma_hold(&dv[0][0], d / 2);
-    /* Q_i, dO_i (and their L_i, D_i) are read: every consumer thread releases them. */
-    mbar_arrive(sm.q_empty + 8 * st);
+    /* dO_i (and D_i) are read: every consumer thread releases them. */
     mbar_arrive(sm.o_empty + 8 * st);
 
-    /* dQ_i's part, added to the accumulator: red.global.add.f32, a warp's 32 lanes on 32
-     * consecutive floats (bwd_dq_slot). Rows past N_q add zeros. Deterministic: the key tiles
-     * add to a query tile one after the other, in the order of j (every key tile before this
-     * one sees the query tile too), counted by the tile's semaphore: two arrivals a block. */
-    if (!DQ_ATOMICS) {   /* to the writer, through this consumer's slice (one at a time) */
-        mbar_wait(sm.dq_free + 8 * c, u ^ 1);
-        float *slice = (float *)smem_ptr(sm.dQ + c * DQ_SLICE);
-#pragma unroll
-        for (int n = 0; n < 64 / MMA_N; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) slice[(n * 4 + e) * WARPGROUP + tid] = dq[n][e];
-        fence_proxy_async();
-        mbar_arrive(sm.dq_full + 8 * c);
-        return;
-    }
+    /* dQ_i's part, added to the accumulator: a 16-byte red.global.add.f32 per n, a warp's
+     * atomics on 512 consecutive bytes (bwd_dq_slot). Rows past N_q add zeros. Deterministic:
+     * the key tiles add to a query tile one after the other, in the order of j (every key tile
+     * before this one sees the query tile too), counted by the tile's semaphore: two arrivals
+     * a block. */
     const int n_t = (p->N_q + br - 1) / br;
     const size_t tile = ((size_t)b * p->H + h) * n_t + i0 / br;
-    float *dst = dq_acc + tile * br * d + (size_t)c * 64 * 64 + tid;
-    if (sem) {
-        if (tid == 0) sem_wait(sem + tile, 2 * (int)blockIdx.x);
-        bar_sync(BAR_WG + c, WARPGROUP);
-    }
+    if (!DQ_ATOMICS) {   /* to the writer, through this consumer's slice (one at a time) */
+        float4 *slice = (float4 *)smem_ptr(sm.dQ + c * DQ_SLICE);
 #pragma unroll
-    for (int n = 0; n < 64 / MMA_N; n++)
+        for (int n = 0; n < 64 / MMA_N; n++)
+            slice[n * WARPGROUP + tid] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+        fence_proxy_async();
+        mbar_arrive(sm.dq_full + 8 * c);
+    } else {
+        float4 *dst = (float4 *)(dq_acc + tile * br * d + (size_t)c * 64 * 64) + tid;
+        if (sem) {
+            wgmma_wait_0();         /* no product in flight across the wait's divergent loop */
+            if (tid == 0) sem_wait(sem + tile, 2 * (int)blockIdx.x);
+            bar_sync(BAR_WG + c, WARPGROUP);
+        }
 #pragma unroll
-        for (int e = 0; e < 4; e++) atomicAdd(dst + (n * 4 + e) * WARPGROUP, dq[n][e]);
-    if (sem) {
-        __threadfence();
-        bar_sync(BAR_WG + c, WARPGROUP);
-        if (tid == 0) atomicAdd(sem + tile, 1);
+        for (int n = 0; n < 64 / MMA_N; n++)
+            atomicAdd(dst + n * WARPGROUP, make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]));
+        if (sem) {
+            __threadfence();
+            bar_sync(BAR_WG + c, WARPGROUP);
+            if (tid == 0) atomicAdd(sem + tile, 1);
+        }
     }
+    wgmma_wait_0();
+    wgmma_hold(&dk[0][0], d / 2);
+    /* Q_i (and L_i) are read. */
+    mbar_arrive(sm.q_empty + 8 * st);
 }
 
 /* One block: key tile j0 .. j0+Bc-1 of kv head h_kv, batch b. */
