@@ -798,6 +798,8 @@ static size_t bwd_workspace(const attn_problem *p)
 {
     return 2 * bwd_ld_bytes(p) + bwd_acc_bytes(p) + bwd_ld_bytes(p) / BWD_Br(p->d);
 }
+/* TRACE=1: the timeline's stamps follow those parts, 256-byte aligned. */
+static size_t bwd_trace_at(const attn_problem *p) { return (bwd_workspace(p) + 255) / 256 * 256; }
 
 /* Where element (row r, column col) of query tile `tile` (of br rows) lives in the dQ
  * accumulator: each consumer computes a 64 x 64 part of the tile (the columns 64c .. at
@@ -890,18 +892,18 @@ static __device__ __forceinline__ void sem_wait(const int *s, int turn)
     }
 }
 
-/* One step of consumer c: query rows i0 .., head h; stage st of the rings, dSᵀ buffer u.
+/* Step t of consumer c: query rows i0 .., head h; stage st of the rings, dSᵀ buffer t % 2.
  * masked (a literal at each call) masks the scores of keys after a query (causal) and keys
  * past N_k. dk, dv: this consumer's 64 keys x d accumulators. */
 static __device__ __forceinline__ void bwd_step(const attn_problem *p, const attn_args *a,
                                                 float *dq_acc, int *sem, int c, int b, int h, int i0,
-                                                int j0, int st, int u, float dk[][4],
+                                                int j0, int st, int t, float dk[][4],
                                                 float dv[][4], const int masked, const int d,
                                                 const int fp16)
 {
     const bwd_smem sm = bwd_layout(d);
     const int br = BWD_Br(d), lane = threadIdx.x % WARP, warp = threadIdx.x / WARP % 4;
-    const int tid = threadIdx.x % WARPGROUP;
+    const int tid = threadIdx.x % WARPGROUP, u = t % 2;
     const uint32_t Q = sm.Q + st * br * d * 2, dO = sm.dO + st * br * d * 2;
     const float *L = (const float *)(smem_ptr(sm.L) + st * br * 4);
     const float *Dv = (const float *)(smem_ptr(sm.D) + st * br * 4);
@@ -938,6 +940,7 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     const int key0 = j0 + c * WG_ROWS + warp * 16 + lane / QUAD, q0 = 2 * (lane % QUAD);
     wgmma_wait_1();
     wgmma_hold(&s[0][0], br / 2);
+    TRACE_AT(a, 0, t, 2);
 #pragma unroll
     for (int n = 0; n < br / MMA_N; n++)
 #pragma unroll
@@ -968,6 +971,7 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         sa[k][2] = pack_x2(dp[2 * k + 1][0], dp[2 * k + 1][1], fp16);
         sa[k][3] = pack_x2(dp[2 * k + 1][2], dp[2 * k + 1][3], fp16);
     }
+    TRACE_AT(a, 0, t, 3);
     /* dV_j += Pᵀ dO_i: M = keys, N = d, K = queries; dO_i is the B operand, MN-major (d
      * contiguous), as V_j in the forward. */
     wgmma_fence();
@@ -997,6 +1001,7 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
      * (MN-major, queries contiguous), B = K_j (MN-major, d contiguous). Then dK_j += dSᵀ Q_i
      * (Q_i the B operand as dO_i above), which runs while dQ_i's part leaves. */
     bar_sync(BAR_DS, 2 * WARPGROUP);
+    TRACE_AT(a, 0, t, 4);
     float dq[64 / MMA_N][4];
     wgmma_fence();
 #pragma unroll
@@ -1018,6 +1023,7 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     wgmma_wait_1();                 /* dV's and dQ's products are done, dK's may run on */
     wgmma_hold(&dq[0][0], 32);
     wgmma_hold(&dv[0][0], d / 2);
+    TRACE_AT(a, 0, t, 5);
     /* dO_i (and D_i) are read: every consumer thread releases them. */
     mbar_arrive(sm.o_empty + 8 * st);
 
@@ -1051,8 +1057,10 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
             if (tid == 0) atomicAdd(sem + tile, 1);
         }
     }
+    TRACE_AT(a, 0, t, 6);
     wgmma_wait_0();
     wgmma_hold(&dk[0][0], d / 2);
+    TRACE_AT(a, 0, t, 7);
     /* Q_i (and L_i) are read. */
     mbar_arrive(sm.q_empty + 8 * st);
 }
@@ -1100,16 +1108,19 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 bwd_step_of(t, per_head, first, &g, &qt);
                 const int h = h_kv * group + g, i0 = qt * br, st = t % STAGES, ph = t / STAGES & 1;
                 const size_t row = ((size_t)b * p.H + h) * n_pad + i0;
+                TRACE_AT(&a, 0, t, 0);
                 mbar_wait(sm.q_empty + 8 * st, ph ^ 1);
                 mbar_arrive_expect_tx(sm.q_full + 8 * st, br * d * 2 + br * 4);
                 for (int c = 0; c < d / BOX_COLS; c++)
                     tma_load_4d(sm.Q + st * br * d * 2 + c * br * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, sm.q_full + 8 * st);
                 bulk_load(sm.L + st * br * 4, L2 + row, br * 4, sm.q_full + 8 * st);
+                TRACE_AT(&a, 0, t, 1);
                 mbar_wait(sm.o_empty + 8 * st, ph ^ 1);
                 mbar_arrive_expect_tx(sm.o_full + 8 * st, br * d * 2 + br * 4);
                 for (int c = 0; c < d / BOX_COLS; c++)
                     tma_load_4d(sm.dO + st * br * d * 2 + c * br * BOX_ROW, tmO, c * BOX_COLS, i0, h, b, sm.o_full + 8 * st);
                 bulk_load(sm.D + st * br * 4, D + row, br * 4, sm.o_full + 8 * st);
+                TRACE_AT(&a, 0, t, 2);
             }
         } else if (!DQ_ATOMICS && threadIdx.x == WARP) {
             /* The dQ writer: each consumer's part of each step's dQ_i, added to the accumulator
@@ -1153,12 +1164,14 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         int g, qt;
         bwd_step_of(t, per_head, first, &g, &qt);
         const int h = h_kv * group + g, i0 = qt * br, st = t % STAGES, ph = t / STAGES & 1;
+        TRACE_AT(&a, 0, t, 0);
         mbar_wait(sm.q_full + 8 * st, ph);
         mbar_wait(sm.o_full + 8 * st, ph);
+        TRACE_AT(&a, 0, t, 1);
         if (cut || (p.causal && i0 < j0 + BWD_Bc - 1))
-            bwd_step(&p, &a, dq_acc, sem, c, b, h, i0, j0, st, t % 2, dk, dv, 1, d, fp16);
+            bwd_step(&p, &a, dq_acc, sem, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16);
         else
-            bwd_step(&p, &a, dq_acc, sem, c, b, h, i0, j0, st, t % 2, dk, dv, 0, d, fp16);
+            bwd_step(&p, &a, dq_acc, sem, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16);
     }
 
     /* dK_j = scale sum dSᵀ Q_i and dV_j = sum Pᵀ dO_i, rounded, into K_j's and V_j's tiles once
@@ -1226,13 +1239,15 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     const size_t smem = bwd_smem_bytes(p->d);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
-    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, *a, L2, D, dq_acc, p->deterministic ? sem : NULL,
+    attn_args ka = *a;   /* the kernel's a.ws: TRACE=1's stamps */
+    ka.ws = (char *)a->ws + bwd_trace_at(p);
+    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, ka, L2, D, dq_acc, p->deterministic ? sem : NULL,
                                            tmQ, tmK, tmV, tmO, tmdK, tmdV);
     ATTN_LAUNCH_CHECK();
     const size_t n = (size_t)p->B * p->N_q * p->H * p->d;
     bwd_postprocess<<<attn_blocks_for(n, 256), 256, 0, s>>>(*p, dq_acc, a->dq);
     ATTN_LAUNCH_CHECK();
-    return cudaSuccess;
+    return trace_write("10_fa3_backward", ka.ws, s);
 }
 
 static int check(const attn_problem *p, attn_dir dir, char *why)
@@ -1282,7 +1297,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
  * instrumented build walks tiles in the static order). */
 static size_t workspace(const attn_problem *p, attn_dir dir)
 {
-    if (dir == ATTN_BACKWARD) return bwd_workspace(p);
+    if (dir == ATTN_BACKWARD) return trace_workspace() ? bwd_trace_at(p) + trace_workspace() : bwd_workspace(p);
     const size_t t = trace_workspace();
     return t > sizeof(int) ? t : sizeof(int);
 }
