@@ -303,15 +303,16 @@ ParameterizedTest(gcase *gc, gpu, against_oracle, .timeout = 600)
 Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
 {
     need_gpu();
-    static const struct { const char *name; int flag; } cases[] = {
-        { "04_backward", 0 }, { "05_tensor_cores", 0 }, { "06_fa2", 1 }, { "10_fa3_backward", 1 } };
+    static const struct { const char *name; int flag, d, causal; } cases[] = {
+        { "04_backward", 0, 64, 1 }, { "05_tensor_cores", 0, 64, 1 }, { "06_fa2", 1, 64, 1 },
+        { "10_fa3_backward", 1, 64, 1 }, { "10_fa3_backward", 1, 128, 0 }, { "10_fa3_backward", 1, 128, 1 } };
     int ran = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const attn_stage *st = NULL;
         for (int i = 0; i < attn_nstages; i++)
             if (!strcmp(attn_stages[i]->name, cases[c].name)) st = attn_stages[i];
         if (!st || !st->backward) continue;
-        attn_problem p = test_problem(2, 4, 2, 1000, 1000, 64, 1);
+        attn_problem p = test_problem(2, 4, 2, 1000, 1000, cases[c].d, cases[c].causal);
         p.deterministic = cases[c].flag;
         attn_host a, b;
         cr_assert_eq(attn_host_alloc(&a, &p, 1), 0);

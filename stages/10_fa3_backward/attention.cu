@@ -739,13 +739,20 @@ static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
 #define BWD_Bc      128                       /* keys per block: two consumers of 64 */
 #define BWD_Br(d)   ((d) == 64 ? 128 : 64)    /* query rows per step */
 #define BWD_THREADS (3 * WARPGROUP)           /* producer, two consumers */
-#define BWD_REGS    232                       /* a consumer's registers ... */
-#define BWD_PRODUCER_REGS 32                  /* ... and the producer's (its dQ writer's loop) */
 #define BAR_DS      8                         /* both consumers: dSᵀ of the step is stored */
 #define BAR_DKV     9                         /* both consumers: done with K_j and V_j */
 #define BAR_WG      10                        /* BAR_WG + c: consumer c alone (deterministic dQ) */
 #ifndef DQ_ATOMICS   /* knob: OFF=dq_atomics, a writer warp adds dQ_i by a bulk reduce from shared memory */
 #define DQ_ATOMICS 1
+#endif
+/* Registers a thread after setmaxnreg, consumers and producer: 240 x 256 + 24 x 128 fill the
+ * 168 x 384 the kernel starts with; the dQ writer's loop (OFF=dq_atomics) needs 32 there. */
+#if DQ_ATOMICS
+#define BWD_REGS    240
+#define BWD_PRODUCER_REGS 24
+#else
+#define BWD_REGS    232
+#define BWD_PRODUCER_REGS 32
 #endif
 #define DQ_SLICE    (64 * 64 * 4)             /* bytes of a consumer's part of dQ_i (writer) */
 
@@ -878,6 +885,19 @@ static __device__ __forceinline__ void bwd_step_of(int t, int per_head, int firs
     *qt = first + t % per_head;
 }
 
+/* --deterministic: the arrivals (two a block) that must precede key tile j's add to query tile qt.
+ * Without a mask every key tile adds to every query tile, in the order of j. Causal: query tile
+ * qt is seen by key tiles 0 .. jmax, and they add in the order jmax, jmax - 1, .., 0: the
+ * shortest blocks (the last key tiles, with the fewest query tiles) first, since they reach qt
+ * first; they are also launched first (the kernels' rev), so that a block only ever waits for
+ * blocks already running. */
+static __device__ __forceinline__ int bwd_turn(const attn_problem *p, int j, int qt, int br)
+{
+    if (!p->causal) return 2 * j;
+    const int jmax = min((p->N_k + BWD_Bc - 1) / BWD_Bc - 1, (qt * br + br - 1) / BWD_Bc);
+    return 2 * (jmax - j);
+}
+
 /* Wait until the semaphore at s reaches `turn` (a load with acquire semantics, so that the adds
  * counted before are visible); a wait past MBAR_TIMEOUT_NS ends the kernel with a named error
  * (hopper_fail), never a hang. */
@@ -896,7 +916,7 @@ static __device__ __forceinline__ void sem_wait(const int *s, int turn)
  * masked (a literal at each call) masks the scores of keys after a query (causal) and keys
  * past N_k. dk, dv: this consumer's 64 keys x d accumulators. */
 static __device__ __forceinline__ void bwd_step(const attn_problem *p, const attn_args *a,
-                                                float *dq_acc, int *sem, int c, int b, int h, int i0,
+                                                float *dq_acc, int *sem, int turn, int c, int b, int h, int i0,
                                                 int j0, int st, int t, float dk[][4],
                                                 float dv[][4], const int masked, const int d,
                                                 const int fp16)
@@ -1045,7 +1065,7 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         float4 *dst = (float4 *)(dq_acc + tile * br * d + (size_t)c * 64 * 64) + tid;
         if (sem) {
             wgmma_wait_0();         /* no product in flight across the wait's divergent loop */
-            if (tid == 0) sem_wait(sem + tile, 2 * (int)blockIdx.x);
+            if (tid == 0) sem_wait(sem + tile, turn);
             bar_sync(BAR_WG + c, WARPGROUP);
         }
 #pragma unroll
@@ -1071,11 +1091,13 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                                                       int *sem, const CUtensorMap *tmQ, const CUtensorMap *tmK,
                                                       const CUtensorMap *tmV, const CUtensorMap *tmO,
                                                       const CUtensorMap *tmdK, const CUtensorMap *tmdV,
-                                                      const int d, const int fp16)
+                                                      const int d, const int fp16, const int rev)
 {
     const bwd_smem sm = bwd_layout(d);
     const int br = BWD_Br(d), wg = __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
-    const int b = blockIdx.z, h_kv = blockIdx.y, j0 = blockIdx.x * BWD_Bc, group = p.H / p.H_kv;
+    /* key tile j0 / Bc: the launch order, or (rev: causal and deterministic) last first */
+    const int b = blockIdx.z, h_kv = blockIdx.y, group = p.H / p.H_kv;
+    const int j0 = (rev ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) * BWD_Bc;
     const int n_t = (p.N_q + br - 1) / br, first = bwd_first_tile(p, j0, br);
     const int per_head = max(0, n_t - first), steps = group * per_head;
     const int n_pad = n_t * br;
@@ -1133,7 +1155,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 const size_t tile = ((size_t)b * p.H + h_kv * group + g) * n_t + qt;
                 for (int c = 0; c < 2; c++) {
                     mbar_wait(sm.dq_full + 8 * c, t & 1);
-                    if (sem) sem_wait(sem + tile, 2 * (int)blockIdx.x);
+                    if (sem) sem_wait(sem + tile, bwd_turn(&p, j0 / BWD_Bc, qt, br));
                     bulk_reduce_add_f32(dq_acc + tile * br * d + (size_t)c * 64 * 64, sm.dQ + c * DQ_SLICE, DQ_SLICE);
                     bulk_commit();
                     bulk_wait_read_0();
@@ -1164,14 +1186,15 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         int g, qt;
         bwd_step_of(t, per_head, first, &g, &qt);
         const int h = h_kv * group + g, i0 = qt * br, st = t % STAGES, ph = t / STAGES & 1;
+        const int turn = bwd_turn(&p, j0 / BWD_Bc, qt, br);
         TRACE_AT(&a, 0, t, 0);
         mbar_wait(sm.q_full + 8 * st, ph);
         mbar_wait(sm.o_full + 8 * st, ph);
         TRACE_AT(&a, 0, t, 1);
         if (cut || (p.causal && i0 < j0 + BWD_Bc - 1))
-            bwd_step(&p, &a, dq_acc, sem, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16);
+            bwd_step(&p, &a, dq_acc, sem, turn, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16);
         else
-            bwd_step(&p, &a, dq_acc, sem, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16);
+            bwd_step(&p, &a, dq_acc, sem, turn, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16);
     }
 
     /* dK_j = scale sum dSᵀ Q_i and dV_j = sum Pᵀ dO_i, rounded, into K_j's and V_j's tiles once
@@ -1204,17 +1227,22 @@ typedef void (*backward_fn)(attn_problem, attn_args, const float *, const float 
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap);
-#define BWD_KERNEL(name, d, fp16)                                                                 \
+#define BWD_KERNEL(name, d, fp16, rev)                                                            \
     static __global__ void __launch_bounds__(BWD_THREADS, 1)                                      \
     name(attn_problem p, attn_args a, const float *L2, const float *D, float *dq_acc, int *sem,    \
          const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,         \
          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmO,         \
          const __grid_constant__ CUtensorMap tmdK, const __grid_constant__ CUtensorMap tmdV)       \
-    { tiled_backward(p, a, L2, D, dq_acc, sem, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16); }
-BWD_KERNEL(backward_64_bf16, 64, 0)
-BWD_KERNEL(backward_64_fp16, 64, 1)
-BWD_KERNEL(backward_128_bf16, 128, 0)
-BWD_KERNEL(backward_128_fp16, 128, 1)
+    { tiled_backward(p, a, L2, D, dq_acc, sem, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16, rev); }
+BWD_KERNEL(backward_64_bf16, 64, 0, 0)
+BWD_KERNEL(backward_64_fp16, 64, 1, 0)
+BWD_KERNEL(backward_128_bf16, 128, 0, 0)
+BWD_KERNEL(backward_128_fp16, 128, 1, 0)
+/* causal and deterministic: the key tiles launched last first (bwd_turn) */
+BWD_KERNEL(backward_64_bf16_rev, 64, 0, 1)
+BWD_KERNEL(backward_64_fp16_rev, 64, 1, 1)
+BWD_KERNEL(backward_128_bf16_rev, 128, 0, 1)
+BWD_KERNEL(backward_128_fp16_rev, 128, 1, 1)
 
 static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
@@ -1226,8 +1254,11 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     bwd_preprocess<<<attn_blocks_for(rows > zero4 ? rows : zero4, 256), 256, 0, s>>>(*p, *a, L2, D, dq_acc, sem);
     ATTN_LAUNCH_CHECK();
     const int fp16 = p->dtype == ATTN_FP16, br = BWD_Br(p->d);
-    const backward_fn kernel = p->d == 64 ? (fp16 ? backward_64_fp16 : backward_64_bf16)
-                                          : (fp16 ? backward_128_fp16 : backward_128_bf16);
+    const int rev = p->deterministic && p->causal;
+    const backward_fn kernel = p->d == 64 ? (fp16 ? (rev ? backward_64_fp16_rev : backward_64_fp16)
+                                                  : (rev ? backward_64_bf16_rev : backward_64_bf16))
+                                          : (fp16 ? (rev ? backward_128_fp16_rev : backward_128_fp16)
+                                                  : (rev ? backward_128_bf16_rev : backward_128_bf16));
     CUtensorMap tmQ, tmK, tmV, tmO, tmdK, tmdV;
     if (hopper_tensor_map(&tmQ, a->q, p->dtype, p->d, p->N_q, p->H, p->B, br) ||
         hopper_tensor_map(&tmO, a->d_o, p->dtype, p->d, p->N_q, p->H, p->B, br) ||
