@@ -633,6 +633,8 @@ series() {
             [ "$m" -gt 1 ] || t="$4 (= $gt)"
         fi
     done < "$DAT/p$1.files"
+    # a repeated series takes its own dash pattern in place of the one it was given
+    [ "$m" = 0 ] || st=$(printf '%s' "$st" | sed 's/ dt ([0-9,]*)//')
     case $m in
         0) ;;
         1) st="$st dt (14,14) ps 0.6" ;;
