@@ -122,6 +122,10 @@ table() {
                     t[$3, k] = $9 == "ok" ? $8 : $9
                 }
                 END {
+                    if (ns == 0) {
+                        printf "*No measurements of %s in this file yet (`make ablation` on an H100 or H200 adds them).*\n\n*%s*\n", s, src
+                        exit
+                    }
                     head = "| build"; rule = "|---"
                     for (i = 1; i <= ns; i++) {
                         split(shp[i], x, SUBSEP)
