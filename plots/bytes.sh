@@ -13,7 +13,8 @@
 #
 # Environment: BYTES_STAGES ("01_naive 03_tiled 05_tensor_cores 06_fa2 cublas"),
 # BYTES_NS ("1024 4096 16384"), NCU (ncu on the PATH, else the toolkit's), BUILD_DIR (build),
-# RESULTS_DIR (plots/results), GPU_NAME (nvidia-smi's).
+# RESULTS_DIR (plots/results), GPU_NAME (nvidia-smi's), BENCH_COMMIT (the commit measured, for
+# the CSV's .runs line; default: git's HEAD, if any).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 STAGES=${BYTES_STAGES:-"01_naive 03_tiled 05_tensor_cores 06_fa2 cublas"}
@@ -72,3 +73,6 @@ for s in $STAGES; do
     done
 done
 mv "$CSV.part" "$CSV" && echo "bytes: wrote $CSV"
+# the run, for the captions (plots/plots.sh): one run at one commit
+COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
+echo "$(date -u '+%Y-%m-%d %H:%M UTC'); $GPU_NAME; commit ${COMMIT:-unknown}: plots/bytes.sh, programs $STAGES; N $NS; ncu --clock-control none" > "$CSV.runs"
