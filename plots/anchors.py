@@ -30,6 +30,10 @@ of the same mask does (common/cli.c), "window=W; mask=S; block-mask density=X; "
 --mask-spec "block-mask=FILE; " instead of "mask=S; "), so that the rows pair up. The first
 call of each shape and direction compiles the kernel (seconds to a minute); it runs before
 the timing, and before the workspace is measured, and is never timed.
+The backend cudnn_fp8 (stage cudnn_fp8, dtype e4m3, forward only) is cuDNN's fp8 attention
+through the cuDNN frontend's Python package (pip nvidia-cudnn-frontend; its sdpa_fp8 graph),
+the anchor of the fp8 stage: e4m3 Q, K, V, every scale 1, O in e4m3 (what cuDNN's Hopper fp8
+forward writes), the bf16 FLOP count; a missing package gives a row with status failed.
 Optionally (--gemm, sweep shapes only) two ceiling rows, measured in the same run:
   ceiling_gemm  a bf16 8192^3 GEMM through torch.matmul; tflops = 2 * 8192^3 / time.
   ceiling_copy  a device-to-device copy of COPY_BYTES (4 GiB; less where the GPU has less
@@ -113,7 +117,8 @@ def bench_protocol(path=PROTOCOL_SOURCE):
 BACKWARD_FLOP_FACTOR = 2.5
 BACKENDS = {"flash": ("torch_flash", "FLASH_ATTENTION"),
             "cudnn": ("torch_cudnn", "CUDNN_ATTENTION"),
-            "flex": ("torch_flex", None)}       # not an SDPA backend: flex_attention
+            "flex": ("torch_flex", None),       # not an SDPA backend: flex_attention
+            "cudnn_fp8": ("cudnn_fp8", None)}   # not SDPA: the cuDNN frontend's sdpa_fp8
 
 
 def visible_pairs(B, H, N, causal, window=0, tiles=None):
@@ -272,9 +277,9 @@ def clean(text, limit=160):
 
 
 def row(gpu, stage, direction, B, H, N, d, causal, ms=None, tflops=None, ws=None,
-        status="ok", note=""):
+        status="ok", note="", dtype="bf16"):
     num = lambda x, fmt: "" if x is None else fmt % x
-    return ",".join([clean(gpu), stage, direction, "bf16", str(B), str(H), str(H), str(N),
+    return ",".join([clean(gpu), stage, direction, dtype, str(B), str(H), str(H), str(N),
                      str(N), str(d), str(causal), num(ms, "%.4f"), num(tflops, "%.2f"),
                      num(ws, "%d"), status, clean(note)])
 
@@ -354,6 +359,8 @@ def parse_args(argv):
     for direction in args.dirs:
         if direction not in ("forward", "backward"):
             p.error("unknown direction %r" % direction)
+    if "cudnn_fp8" in args.backends and "backward" in args.dirs:
+        p.error("cudnn_fp8 is forward only: give --dirs forward")
     # the masks, one after the other: the --patterns, or the one of the flags
     try:
         args.masks = ([parse_pattern(t) for t in args.pattern] if args.pattern else
@@ -550,6 +557,74 @@ def main(argv):
             q = k = v = step = call = None
             torch.cuda.empty_cache()
 
+    def fp8_point(fields, B, H, N, d, causal):
+        """One cudnn_fp8 row: cuDNN's fp8 attention forward through its frontend's Python
+        graph API (sdpa_fp8), e4m3 Q, K, V in our [B, N, H, d] layout viewed as [B, H, N, d],
+        every scale and descale 1 (normal inputs fit e4m3's range), O in e4m3 (cuDNN's fp8
+        forward on Hopper writes fp8 O), no L (inference). Timed as the other anchors."""
+        try:
+            import cudnn
+        except ImportError as e:
+            out.write(row(*fields, status="failed", dtype="e4m3",
+                          note="no cuDNN frontend (pip nvidia-cudnn-frontend): %s" % e))
+            print("failed: no cudnn frontend", flush=True)
+            return
+        version = "cuDNN frontend %s backend %s" % (getattr(cudnn, "__version__", "?"),
+                                                     cudnn.backend_version())
+        graph = q = k = v = o = ws = None
+        try:
+            e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+            q, k, v = (torch.randn(B, N, H, d, device=dev).to(torch.float8_e4m3fn)
+                       for _ in range(3))
+            o = torch.empty_like(q)
+            dims, strides = (B, H, N, d), (N * H * d, d, H * d, 1)
+            one = torch.ones(1, 1, 1, 1, device=dev, dtype=torch.float32)
+            amax = [torch.empty(1, 1, 1, 1, device=dev, dtype=torch.float32) for _ in range(2)]
+            handle = cudnn.create_handle()
+            cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+            graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=fp32,
+                                  compute_data_type=fp32, handle=handle)
+            tq, tk, tv = (graph.tensor(name=n, dim=dims, stride=strides, data_type=e4m3)
+                          for n in ("q", "k", "v"))
+            scalars = [graph.tensor(name=n, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=fp32)
+                       for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s",
+                                 "scale_o")]
+            to, _, ta_s, ta_o = graph.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=scalars[0],
+                                               descale_k=scalars[1], descale_v=scalars[2],
+                                               descale_s=scalars[3], scale_s=scalars[4],
+                                               scale_o=scalars[5], generate_stats=False,
+                                               attn_scale=d ** -0.5, use_causal_mask=bool(causal))
+            to.set_output(True).set_dim(dims).set_stride(strides).set_data_type(e4m3)
+            for t in (ta_s, ta_o):
+                t.set_output(True).set_dim((1, 1, 1, 1)).set_stride((1, 1, 1, 1)).set_data_type(fp32)
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            graph.build_plans()
+            ws = torch.empty(graph.get_workspace_size(), device=dev, dtype=torch.uint8)
+            pack = {tq: q, tk: k, tv: v, to: o, ta_s: amax[0], ta_o: amax[1]}
+            pack.update({t: one for t in scalars})
+            step = lambda: graph.execute(pack, ws, handle=handle)
+            step()
+            torch.cuda.synchronize()
+            ms = time_ms(step)
+            tflops = attention_flops(B, H, N, d, causal, "forward") / (ms * 1e-3) / 1e12
+            out.write(row(*fields, ms=ms, tflops=tflops, ws=ws.numel(), status="ok",
+                          dtype="e4m3", note="O in e4m3; " + version))
+            print("%.3f ms  %.1f TFLOP/s" % (ms, tflops), flush=True)
+        except torch.cuda.OutOfMemoryError:
+            out.write(row(*fields, status="refused", dtype="e4m3",
+                          note="out of GPU memory (%s)" % version))
+            print("refused: out of GPU memory", flush=True)
+        except Exception as e:   # cudnn raises its own error types
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            out.write(row(*fields, status="failed", dtype="e4m3", note="%s: %s" % (version, first)))
+            print("failed: %s" % clean(first), flush=True)
+        finally:
+            graph = q = k = v = o = ws = None
+            torch.cuda.empty_cache()
+
     # the points in order: per mask (one but with --pattern), backend, direction and shape,
     # numbered within their mask
     points = []
@@ -566,6 +641,9 @@ def main(argv):
         fields = (gpu, stage, direction, B, H, N, d, causal)
         if be == "flex":
             flex_point(mask, fields, B, H, N, d, causal, direction)
+            continue
+        if be == "cudnn_fp8":
+            fp8_point(fields, B, H, N, d, causal)
             continue
         version = "torch %s" % torch.__version__
         if be == "cudnn":
