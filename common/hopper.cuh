@@ -449,6 +449,15 @@ static __device__ __forceinline__ uint32_t e4m3x4(float x0, float x1, float x2, 
     return (uint32_t)e4m3x2(x0, x1) | (uint32_t)e4m3x2(x2, x3) << 16;
 }
 
+/* Store four 8 x 8 matrices of 16-bit elements (stmatrix, the inverse of ldmatrix_x4): this
+ * thread's r[m] is row lane/4, elements 2(lane%4), +1 of matrix m; lane 8m + i gives the
+ * shared-memory address of row i of matrix m (16 bytes). */
+static __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t r[4])
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 /* D[64 x N] (+)= A[64 x 32] B[32 x N], fp32 accumulators, e4m3 operands. fp8 wgmma has no
  * transpose bits: both operands K-major (A by descriptor or from four registers of four bytes
  * a thread, B by descriptor). */
