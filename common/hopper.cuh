@@ -28,6 +28,7 @@
 #define WARPGROUP   128   /* threads of a warpgroup: the unit that issues a wgmma */
 #define WG_ROWS     64    /* rows of a wgmma's A operand and accumulators (m64) */
 #define WGMMA_K     16    /* the reduction step of a 16-bit wgmma */
+#define WGMMA_K8    32    /* that of an 8-bit (e4m3) wgmma: 32 bytes, as 16-bit's 16 elements */
 #define BOX_COLS    64    /* 16-bit columns of a 128-byte swizzled box */
 #define BOX_ROW     128   /* bytes per row of such a box */
 #define SWIZZLE_ATOM 1024 /* 8 rows x 128 bytes: the swizzle's period and the boxes' alignment */
@@ -473,6 +474,14 @@ static __device__ __forceinline__ void wgmma8_ss_n128(float d[64], uint64_t a, u
 {
     asm volatile(WGMMA_SS8("128", WGMMA_ACC_64, "%64", "%65", "%66")
                  : WGMMA_D64(d) : "l"(a), "l"(b), "r"(scale_d));
+}
+
+/* The first k-step of a product (scale_d 0), the accumulators declared written only, as
+ * wgmma_ss_first_n<N>. */
+static __device__ __forceinline__ void wgmma8_ss_first_n128(float d[64], uint64_t a, uint64_t b)
+{
+    asm volatile(WGMMA_SS8("128", WGMMA_ACC_64, "%64", "%65", "%66")
+                 : WGMMA_W64(d) : "l"(a), "l"(b), "r"(0));
 }
 
 static __device__ __forceinline__ void wgmma8_rs_n128(float d[64], const uint32_t a[4], uint64_t b,
