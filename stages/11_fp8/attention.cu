@@ -63,7 +63,7 @@
 #ifndef OVERLAP   /* knob: OFF=overlap, the softmax waits for both products */
 #define OVERLAP 1
 #endif
-/* This stage's three, likewise. */
+/* 09's three, likewise. */
 #ifndef PERSISTENT   /* knob: OFF=persistent, one query tile a block */
 #define PERSISTENT 1
 #endif
@@ -86,7 +86,7 @@
  * empty Vt, STAGES of each; then two ints, the posted query tile. */
 typedef struct { uint32_t Q, K, V, Vt, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, full_vt, empty_vt, slot; } fa3_smem;
 
-/* Q_i's buffers: two at d = 128 (160 of 227 KiB), so that a walking block's next Q_i loads while
+/* Q_i's buffers: two at d = 128 (160 of 227 KiB), so that a block's next Q_i loads while
  * its last tile still reads the other; one at d = 256 (Q_i 32 KiB, the three rings 6 x 32 KiB:
  * 224 KiB; O_i then waits in Vt's ring), reloaded once the last tile's S products are done. */
 #define Q_BUFS(d) ((d) == 128 ? 2 : 1)
@@ -191,15 +191,13 @@ static __device__ __forceinline__ void store_rows(void *x, uint32_t at, int r0, 
 /* The query tile u of the grid's order: rows i0 .., head h, batch b. Row tiles fastest, as FA-3
  * orders them. Causal tiles longest first (last row first), and across the G heads of a section
  * (FA-3's LPT order): the section's last row tiles, then the ones before, ...; G heads' K and V
- * fit in a share of L2 (forward), so the blocks running at once read the same keys. A block
- * that walks tiles counts them in a 1-D grid; one that has one is the block (it, h, b) of a 3-D
- * grid (d = 64 without a causal mask), whose indices ptxas can read again where needed rather
- * than keep in registers. */
-static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int u, int d, int walk,
+ * fit in a share of L2 (forward), so the blocks running at once read the same keys. Blocks
+ * count tiles in a 1-D grid (09's 3-D grid served d = 64). */
+static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int u, int d,
                                                int *b, int *h, int *i0)
 {
     const int n_i = (p.N_q + Br(d) - 1) / Br(d);
-    if (p.causal && walk) {
+    if (p.causal) {
         const int sec = u / (G * n_i), heads = min(G, p.H * p.B - sec * G), r = u - sec * G * n_i;
         const int hb = sec * G + r % heads;   /* head and batch, h fastest */
         *h = hb % p.H;
@@ -207,9 +205,9 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
         *i0 = (n_i - 1 - r / heads) * Br(d);
         return;
     }
-    const int it = walk ? u % n_i : (int)blockIdx.x;
-    *h = walk ? u / n_i % p.H : (int)blockIdx.y;
-    *b = walk ? u / n_i / p.H : (int)blockIdx.z;
+    const int it = u % n_i;
+    *h = u / n_i % p.H;
+    *b = u / n_i / p.H;
     *i0 = (p.causal ? n_i - 1 - it : it) * Br(d);
 }
 
@@ -486,7 +484,7 @@ static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t, cons
  * next Q_i, unless it is already in Q's other buffer). */
 static __device__ __forceinline__ void consume(const attn_problem p, const attn_args a, int G,
                                                const fa3_smem sm, const CUtensorMap *tmO, int cw,
-                                               int n_tiles, const int walk, const int counted,
+                                               int n_tiles, const int counted,
                                                const int d)
 {
     const int warp = threadIdx.x / WARP % 4, lane = threadIdx.x % WARP;
@@ -506,19 +504,19 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         c.dVt = (v >> 32) << 32 | __shfl_sync(0xffffffffu, (uint32_t)v, 0);
     }
     /* Ping-pong: the last consumer hands consumer 0 its first turn; the turn then goes round,
-     * 0, 1, (2,) 0, ..., from one tile into the next. */
+     * 0, 1, 0, ..., from one tile into the next. */
     if (c.pingpong && cw == CONSUMERS(d) - 1) bar_arrive(BAR_TURN + 0, 2 * WARPGROUP);
     c.n0 = 0;
     c.t = 0;
     /* A block of a persistent grid takes its tiles from the producer; one of a tile a block has
-     * blockIdx.x (1-D) or the block's indices (3-D, tile_of). */
+     * blockIdx.x. */
     const uint64_t dQ = c.dQ;   /* Q's first buffer */
-    for (int u = counted ? posted_tile(sm, 0, d) : walk ? blockIdx.x : 0; u < n_tiles;
+    for (int u = counted ? posted_tile(sm, 0, d) : (int)blockIdx.x; u < n_tiles;
          u = counted ? posted_tile(sm, c.t + 1, d) : n_tiles, c.t++) {
         const int qs = c.t % Q_BUFS(d);   /* this tile's Q_i buffer */
         if (d != 256) c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d);
         int h, i0;
-        tile_of(p, G, u, d, walk, &c.b, &h, &i0);
+        tile_of(p, G, u, d, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
         c.Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
         c.row0 = i0 + cw * WG_ROWS;
@@ -600,11 +598,10 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     if (c.pingpong && cw == 0) bar_sync(BAR_TURN + 0, 2 * WARPGROUP);
 }
 
-/* One block: warpgroup 0 produces, the others (2, or 3 at d = 64) consume, for query tiles of
+/* One block: warpgroup 0 produces (and transposes), the other two consume, for query tiles of
  * the n_tiles in tile_of's order: one tile a block, or (persistent) one block per SM taking
  * blockIdx.x and then what the counter hands it, each tile's loads issued under the last one's
- * epilogue. causal (-1: read from p, else a literal), d and fp16 are literals at each call
- * site. */
+ * epilogue. causal (-1: read from p, else a literal) and d are literals at each call site. */
 static __device__ __forceinline__ void tiled_attention(attn_problem p, const attn_args a, int G,
                                                        const CUtensorMap *tmQ,
                                                        const CUtensorMap *tmK,
@@ -618,11 +615,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
      * keeps what follows from it (Q_i's descriptors, the first row, the loop bounds) in uniform
      * registers, off the vector pipes. */
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
-    /* Blocks walk tiles of a 1-D grid (which may be persistent); a persistent grid (fewer blocks
-     * than tiles) takes them from the counter. */
-    const int walk = 1;
-    const int n_tiles = walk ? (p.N_q + Br(d) - 1) / Br(d) * p.H * p.B : 1;
-    const int counted = walk && (int)gridDim.x < n_tiles;
+    /* Blocks walk tiles of a 1-D grid; a persistent one (fewer blocks than tiles) takes them
+     * from the counter. */
+    const int n_tiles = (p.N_q + Br(d) - 1) / Br(d) * p.H * p.B;
+    const int counted = (int)gridDim.x < n_tiles;
 
     /* The barriers: Q's full ones and the rings' full ones complete on one arrive plus the bytes,
      * Vt's on one arrive per producer warp; Q's empty ones on one arrive per consumer thread,
@@ -654,10 +650,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
          * counter and posts them, the others read the post as the consumers do. */
         const int lead = threadIdx.x == 0;
         int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
-        int u = walk ? blockIdx.x : 0, t = 0;
+        int u = (int)blockIdx.x, t = 0;
         for (; u < n_tiles; t++) {
             int b, h, i0;
-            tile_of(p, G, u, d, walk, &b, &h, &i0);
+            tile_of(p, G, u, d, &b, &h, &i0);
             const int h_kv = h / (p.H / p.H_kv);
             const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
             int u_next = n_tiles;
@@ -704,7 +700,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
         }
     } else {
         SETMAXNREG_INC(CONSUMER_REGS_2);
-        consume(p, a, G, sm, tmO, wg - 1, n_tiles, walk, counted, d);
+        consume(p, a, G, sm, tmO, wg - 1, n_tiles, counted, d);
     }
 }
 
