@@ -84,7 +84,9 @@
  * (where O_i waits for its store: o_place); then the mbarriers: Q's full and empty ones (two of
  * each), O's (its store has read Vt's ring), and full K, full V, empty K, empty V, full Vt,
  * empty Vt, STAGES of each; then two ints, the posted query tile. */
-typedef struct { uint32_t Q, K, V, Vt, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, full_vt, empty_vt, slot; } fa3_smem;
+typedef struct {
+    uint32_t Q, K, V, Vt, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, full_vt, empty_vt, slot;
+} fa3_smem;
 
 /* Q_i's buffers: two at d = 128 (160 of 227 KiB), so that a block's next Q_i loads while
  * its last tile still reads the other; one at d = 256 (Q_i 32 KiB, the three rings 6 x 32 KiB:
@@ -291,11 +293,11 @@ typedef struct {
 /* Step j of a consumer's loop: in its turn, issue S_j = Q_i K_jᵀ (has_s: j < Tc) and
  * O += P_{j-1} V_{j-1} (has_pv: j > 0, from Vt_{j-1}); then the softmax of S_j, while the second
  * product runs (OVERLAP) or after it; then rescale O and pack P_j to e4m3 for the next step.
- * has_s, has_pv, masked and d are literals at each call: no wgmma sits behind a run-time branch (ptxas would
- * serialise them all, C7520), and no branch lies between the PV product and its wait (ptxas
- * puts the wait before the first branch it meets, so a run-time "if (tile needs a mask)" there
- * would leave nothing to overlap): tiles that need a mask run a copy of the step with it, the
- * others a copy without. In the accumulators, warp w of the warpgroup and lane l hold rows
+ * has_s, has_pv, masked and d are literals at each call: no wgmma sits behind a run-time
+ * branch (ptxas would serialise them all, C7520), and no branch lies between the PV product and
+ * its wait (ptxas puts the wait before the first branch it meets, so a run-time "if (tile needs
+ * a mask)" there would leave nothing to overlap): tiles that need a mask run a copy of the step
+ * with it, the others a copy without. In the accumulators, warp w of the warpgroup and lane l hold rows
  * 16w + l/4 and 16w + l/4 + 8, columns 8n + 2(l%4) + {0, 1} of every 8-column tile n, as in 07. */
 static __device__ __forceinline__ void consumer_step(const consumer *c, int j, float s[][4],
                                                      float o[][4], uint32_t pa[][4], float m[2],
@@ -320,10 +322,10 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
     TRACE_AT(c->a, c->t, j, 2);
     wgmma_fence();
     if (has_s) {   /* S_j = Q_i K_jᵀ: the first group */
-        /* Built once at the consumer's start, except at d = 256 (there the kept descriptors
-         * may cost a spill, as in 09). */
-        const uint64_t dQ = d != 256 ? c->dQ : wgmma_desc(sm.Q + c->cw * WG_ROWS * BOX_ROW, 16, SWIZZLE_ATOM);
-        const uint64_t dK = wgmma_desc_add(d != 256 ? c->dK : wgmma_desc(sm.K, 16, SWIZZLE_ATOM), st * tile_bytes);
+        /* Built once at the consumer's start, also at d = 256 (09's 80-key tile spilled so; this
+         * one does not). */
+        const uint64_t dQ = c->dQ;
+        const uint64_t dK = wgmma_desc_add(c->dK, st * tile_bytes);
 #pragma unroll
         for (int k = 0; k < d / WGMMA_K8; k++) {   /* 32 bytes a k-step, 4 in a 128-byte box */
             const int box = k * WGMMA_K8 / BOX_ROW, in_box = k * WGMMA_K8 % BOX_ROW;
@@ -337,7 +339,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         wgmma_commit();
     }
     if (has_pv) {   /* O += P_{j-1} V_{j-1}: the second, B = Vt_{j-1} K-major (keys along K) */
-        const uint64_t dVt = wgmma_desc_add(d != 256 ? c->dVt : wgmma_desc(sm.Vt, 16, SWIZZLE_ATOM), pv * tile_bytes);
+        const uint64_t dVt = wgmma_desc_add(c->dVt, pv * tile_bytes);
 #pragma unroll
         for (int k = 0; k < bc / WGMMA_K8; k++) {
             const uint64_t b_k = wgmma_desc_add(dVt, k * WGMMA_K8);
@@ -492,7 +494,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     c.p = &p; c.a = &a;
     c.cw = cw;
     c.pingpong = PINGPONG && d <= 128;
-    if (d != 256) {
+    {
         /* The step's descriptors, built once; the low word (the address) broadcast from lane 0,
          * so that ptxas knows it is one value across the warp and keeps it in a uniform register;
          * the high word (stride, swizzle) is a constant. */
@@ -514,7 +516,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     for (int u = counted ? posted_tile(sm, 0, d) : (int)blockIdx.x; u < n_tiles;
          u = counted ? posted_tile(sm, c.t + 1, d) : n_tiles, c.t++) {
         const int qs = c.t % Q_BUFS(d);   /* this tile's Q_i buffer */
-        if (d != 256) c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d);
+        c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d);
         int h, i0;
         tile_of(p, G, u, d, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
