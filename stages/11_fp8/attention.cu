@@ -269,6 +269,7 @@ static __device__ __forceinline__ void transpose_tile(const fa3_smem sm, int n, 
     const int groups = Bc(d) / KEY_GROUP, tile_bytes = Bc(d) * d;
     mbar_wait(sm.full_v + 8 * s, ph);
     mbar_wait(sm.empty_vt + 8 * s, ph ^ 1);
+    __syncwarp();   /* ldmatrix and stmatrix take the whole warp, converged */
 #pragma unroll 2
     for (int i = warp; i < groups * (d / COL_BLOCK); i += 4)
         transpose_v8(sm.V + s * tile_bytes, sm.Vt + s * tile_bytes, i % groups, i / groups, d);
