@@ -383,6 +383,21 @@ Test(gpu, a_deadlock_ends_in_an_error, .timeout = 120)
     cr_assert(strstr(buf, "no error") == NULL, "%s", buf);
 }
 
+/* The layouts stage 11_fp8 assumes (the 8-bit A fragment, the V transpose's key order, e4m3
+ * descriptors, the TMA of bytes, the conversion's byte order) hold on this GPU, bit for bit on
+ * small integers: tests/fp8_layout.cu. */
+Test(gpu, fp8_layouts_hold, .timeout = 120)
+{
+    need_gpu();
+    const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
+    char cmd[1024], buf[4096];
+    snprintf(cmd, sizeof cmd, "%s/fp8_layout", build);
+    if (access(cmd, X_OK) != 0) cr_skip_test("%s not built (no fp8 stage)", cmd);
+    const int rc = run_capture(cmd, buf, sizeof buf);
+    if (rc == 2) cr_skip_test("%s", buf);
+    cr_assert_eq(rc, 0, "%s exited %d:\n%s", cmd, rc, buf);
+}
+
 /* the program's --check on a shape big enough that rows are sampled */
 Test(gpu, program_sampled_check, .timeout = 300)
 {

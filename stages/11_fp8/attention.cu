@@ -241,8 +241,8 @@ static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, in
  * V_j at v ([keys][d], 128-column boxes, 128-byte swizzled, as the TMA wrote it) into rows
  * 32cb .. 32cb+31 of Vt_j at vt ([d][keys], 128-byte swizzled rows), positions 16g .. 16g+15,
  * key k at position 16(k/16) + 4(k%8/2) + 2(k%16/8) + k%2: the order in which the fp8 A operand's
- * registers hold P_ij (consumer_step packs a thread's columns 2q, 2q+1, 8+2q, 9+2q of each 16
- * keys into one register), so that P V needs no exchange of P between threads. ldmatrix.trans
+ * registers hold P_ij (pack_p8 packs a thread's columns 2q, 2q+1, 8+2q, 9+2q of each 16 keys
+ * into one register), so that P V needs no exchange of P between threads. ldmatrix.trans
  * hands lane l the 16-bit pairs (keys 2(l%4), +1; columns 2(l/4), +1) of each 8 x 8 block of
  * 16-bit pairs; two byte permutes split them into the words of column 2(l/4) and of 2(l/4) + 1,
  * and stmatrix writes those as rows of Vt_j. */
@@ -257,6 +257,19 @@ static __device__ __forceinline__ void transpose_v8(uint32_t v, uint32_t vt, int
     w[2] = __byte_perm(x[2], x[3], 0x6420);
     w[3] = __byte_perm(x[2], x[3], 0x7531);
     stmatrix_x4(vt + box_swz(COL_BLOCK * cb + 16 * (m / 2) + 2 * r + m % 2, g), w);
+}
+
+/* P_ij's keys 32k .. 32k+31 (accumulator tiles 4k .. 4k+3 of s) to e4m3, the A operand of
+ * k-step k of O += P V: a register holds the columns 2q, 2q+1 (q = lane % 4) of two 8-column
+ * tiles of one row, which the 8-bit A fragment reads as 4 consecutive keys (registers 0, 1:
+ * rows r, r + 8, tiles 4k, 4k+1; registers 2, 3: tiles 4k+2, 4k+3); transpose_v8's key order
+ * matches. */
+static __device__ __forceinline__ void pack_p8(uint32_t pa[4], float s[][4], int k)
+{
+    pa[0] = e4m3x4(s[4 * k][0], s[4 * k][1], s[4 * k + 1][0], s[4 * k + 1][1]);
+    pa[1] = e4m3x4(s[4 * k][2], s[4 * k][3], s[4 * k + 1][2], s[4 * k + 1][3]);
+    pa[2] = e4m3x4(s[4 * k + 2][0], s[4 * k + 2][1], s[4 * k + 3][0], s[4 * k + 3][1]);
+    pa[3] = e4m3x4(s[4 * k + 2][2], s[4 * k + 2][3], s[4 * k + 3][2], s[4 * k + 3][3]);
 }
 
 /* The producer warpgroup's part of ring count n: once V_j has landed and the consumers have
@@ -424,16 +437,8 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
 #pragma unroll
             for (int r = 0; r < 2; r++) l[r] += l_tile[r];
         }
-        /* P_j to e4m3, the A operand of k-step k (keys 32k ..): a register holds the columns
-         * 2q, 2q+1 of two 8-column tiles of one row (q = lane % 4), which the 8-bit A fragment
-         * reads as 4 consecutive keys; Vt_j's key order (transpose_v8) matches. */
 #pragma unroll
-        for (int k = 0; k < bc / WGMMA_K8; k++) {
-            pa[k][0] = e4m3x4(s[4 * k][0], s[4 * k][1], s[4 * k + 1][0], s[4 * k + 1][1]);
-            pa[k][1] = e4m3x4(s[4 * k][2], s[4 * k][3], s[4 * k + 1][2], s[4 * k + 1][3]);
-            pa[k][2] = e4m3x4(s[4 * k + 2][0], s[4 * k + 2][1], s[4 * k + 3][0], s[4 * k + 3][1]);
-            pa[k][3] = e4m3x4(s[4 * k + 2][2], s[4 * k + 2][3], s[4 * k + 3][2], s[4 * k + 3][3]);
-        }
+        for (int k = 0; k < bc / WGMMA_K8; k++) pack_p8(pa[k], s, k);
     }
 }
 
