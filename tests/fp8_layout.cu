@@ -9,7 +9,10 @@
  *   4. O = P V by wgmma with P from registers packed by pack_p8 (the 8-bit A fragment assumed
  *      to be mma.m16n8k32's for each warp: register j, byte b holds row g + 8(j%2), k 16(j/2) +
  *      4q + b) and B = Vt through a K-major descriptor;
- *   5. the byte order of cvt.rn.satfinite.e4m3x2.f32 (e4m3x2(x0, x1): x0 in the low byte).
+ *   5. the byte order of cvt.rn.satfinite.e4m3x2.f32 (e4m3x2(x0, x1): x0 in the low byte);
+ *   6. transpose_v8 alone at d = 256 (two boxes of V_j), Vt_j read back byte for byte: key k of
+ *      column c at row c, position 16(k/16) + 4(k%8/2) + 2(k%16/8) + k%2 (when 4 fails and this
+ *      holds, the A fragment is what differs).
  * Prints one line a part; exits 0 when all hold, 1 otherwise (the part that fails names the
  * assumption), 2 without a compute capability 9.0 GPU. Run by the GPU tests (tests/test_gpu.c:
  * fp8_layouts_hold). */
@@ -97,6 +100,33 @@ fp8_layout(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUte
     if (threadIdx.x == 0) cvt_out[0] = e4m3x2(1.0f, 2.0f);
 }
 
+#define D2 256   /* part 6: the largest head dim, V_j in two 128-byte boxes */
+static __global__ void __launch_bounds__(128, 1)
+fp8_transpose(const __grid_constant__ CUtensorMap tmV, unsigned char *vt_out)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const uint32_t V = smem_u32(smem), Vt = V + NK * D2, bar = Vt + D2 * NK;
+    const int warp = threadIdx.x / WARP;
+    if (threadIdx.x == 0) {
+        mbar_init(bar, 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(bar, NK * D2);
+        for (int c = 0; c < D2 / BOX_ROW; c++) tma_load_4d(V + c * NK * BOX_ROW, &tmV, c * BOX_ROW, 0, 0, 0, bar);
+    }
+    mbar_wait(bar, 0);
+    __syncwarp();
+    for (int i = warp; i < (NK / KEY_GROUP) * (D2 / COL_BLOCK); i += 4)
+        transpose_v8(V, Vt, i % (NK / KEY_GROUP), i / (NK / KEY_GROUP), D2);
+    __syncthreads();
+    for (int e = threadIdx.x; e < D2 * NK; e += blockDim.x)   /* row c, position p, unswizzled */
+        vt_out[e] = smem[(Vt - V) + box_swz(e / NK, e % NK / 16) + e % 16];
+}
+
+static int key_position(int k) { return 16 * (k / 16) + 4 * (k % 8 / 2) + 2 * (k % 16 / 8) + k % 2; }
+
 static unsigned char to_e4m3(int v)   /* small integers only: |v| <= 8 */
 {
     if (v == 0) return 0;
@@ -159,5 +189,25 @@ int main(void)
     }
     printf("fp8_layout: O = P V (transpose_v8, P packing, 8-bit A fragment): %s\n", bad_o ? "MISMATCH" : "ok");
     printf("fp8_layout: e4m3x2(1, 2) = 0x%04x, want 0x4038: %s\n", cvt, cvt == 0x4038 ? "ok" : "MISMATCH");
-    return bad || bad_o || cvt != 0x4038;
+
+    static unsigned char hv2[NK * D2], vt[D2 * NK];
+    for (int i = 0; i < NK * D2; i++) hv2[i] = (unsigned char)rand();
+    unsigned char *dv2, *dvt;
+    cudaMalloc(&dv2, sizeof hv2); cudaMalloc(&dvt, sizeof vt);
+    cudaMemcpy(dv2, hv2, sizeof hv2, cudaMemcpyHostToDevice);
+    CUtensorMap tv2;
+    if (hopper_tensor_map_8bit(&tv2, dv2, D2, NK, 1, 1, NK)) { printf("fp8_layout: tensor map failed\n"); return 1; }
+    const int smem2 = 2 * NK * D2 + 64;
+    cudaFuncSetAttribute(fp8_transpose, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2);
+    fp8_transpose<<<1, 128, smem2>>>(tv2, dvt);
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) { printf("fp8_layout: %s\n", cudaGetErrorString(e)); return 1; }
+    cudaMemcpy(vt, dvt, sizeof vt, cudaMemcpyDeviceToHost);
+    int bad_t = 0;
+    for (int k = 0; k < NK; k++) for (int c = 0; c < D2; c++)
+        if (vt[c * NK + key_position(k)] != hv2[k * D2 + c] && bad_t++ < 8)
+            printf("  Vt[%d][%d] = %d, want V[%d][%d] = %d\n", c, key_position(k), vt[c * NK + key_position(k)], k, c,
+                   hv2[k * D2 + c]);
+    printf("fp8_layout: Vt at d = %d (transpose_v8, key order): %s\n", D2, bad_t ? "MISMATCH" : "ok");
+    return bad || bad_o || cvt != 0x4038 || bad_t;
 }
