@@ -658,7 +658,9 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
          * counter and posts them, the others read the post as the consumers do. */
         const int lead = threadIdx.x == 0;
         int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
-        int u = (int)blockIdx.x, t = 0;
+        /* The others read the first post too: a wait on Q's barrier may not skip a phase (the
+         * parity of tile 2's would pass while tile 0's is still pending). */
+        int u = counted && !lead ? posted_tile(sm, 0, d) : (int)blockIdx.x, t = 0;
         for (; u < n_tiles; t++) {
             int b, h, i0;
             tile_of(p, G, u, d, &b, &h, &i0);
