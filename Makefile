@@ -174,7 +174,13 @@ test:
 $(BUILD)/hopper_deadlock: tests/hopper_deadlock.cu $(DEV_HDRS) | $(OBJ)
 	$(NVCC) $(NVFLAGS_HOPPER) -o $@ $<
 
-test-run: all $(TEST_BIN) $(BUILD)/hopper_deadlock
+# the layouts the fp8 stage assumes, on one warpgroup (the GPU tests run it); it includes the
+# stage's file, to test its own transpose and packing
+FP8_STAGE := $(firstword $(wildcard $(STAGES_DIR)/11_fp8/attention.cu))
+$(BUILD)/fp8_layout: tests/fp8_layout.cu $(FP8_STAGE) $(DEV_HDRS) $(LIB) | $(OBJ)
+	$(NVCC) $(NVFLAGS_HOPPER) -o $@ $< $(LIB) -lm
+
+test-run: all $(TEST_BIN) $(BUILD)/hopper_deadlock $(if $(FP8_STAGE),$(BUILD)/fp8_layout)
 	sh tests/static_check.sh $(BUILD) $(STAGES) $(if $(CUBLAS_SRC),cublas)
 	LD_LIBRARY_PATH=$(DEPS_LD_PATH)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH} ATTN_BUILD=$(BUILD) \
 	  $(TEST_BIN) --jobs $(TEST_JOBS) $(TEST_ARGS)

@@ -90,8 +90,11 @@ typedef struct attn_stage {
     cudaError_t (*forward)(const attn_problem *p, const attn_args *a, cudaStream_t s);
     cudaError_t (*backward)(const attn_problem *p, const attn_args *a, cudaStream_t s); /* NULL: none */
     int masks;              /* 1 if it runs windows and block masks; 0 (unset): the harness refuses them */
-    int fp8;                /* 1 if it runs dtype e4m3; 0 (unset): the harness refuses it */
+    int fp8;                /* 1 if it runs dtype e4m3; 0 (unset): the harness refuses it;
+                             * ATTN_FP8_ONLY: e4m3 only, the harness refuses bf16 and fp16 */
 } attn_stage;
+
+#define ATTN_FP8_ONLY 2     /* attn_stage.fp8 of a stage that runs e4m3 and no 16-bit dtype */
 
 /* Host, from the harness: the shared memory a block may opt in to on the current device, in
  * bytes, into *bytes; 0 on success. ATTN_SMEM_PER_BLOCK=n (bytes) lowers it, to see what a

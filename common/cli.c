@@ -416,11 +416,14 @@ int attn_main(const attn_stage *st, int argc, char **argv)
     char mname[ATTN_MSG_LEN];
     mask_name(mname, sizeof mname, &c);
     /* a stage without masks refuses them here, before a mask is built (the runner would too),
-     * and likewise e4m3 for a stage without an fp8 forward, before any of its code runs; with
-     * --csv the refused row names the mask, so that a bench can tell the patterns apart */
+     * and likewise e4m3 for a stage without an fp8 forward, and bf16 or fp16 for one with only
+     * that, before any of its code runs; with --csv the refused row names the mask, so that a
+     * bench can tell the patterns apart */
     const char *why = (c.mask_spec || c.mask_file || p.window > 0) && !st->masks
                       ? "has no sliding window or block masks (--window, --mask, --block-mask): a dense stage"
                       : p.dtype == ATTN_E4M3 && !st->fp8 ? "has no e4m3 forward (--dtype e4m3): a 16-bit stage"
+                      : p.dtype != ATTN_E4M3 && st->fp8 == ATTN_FP8_ONLY
+                      ? "runs e4m3 inputs only (--dtype e4m3): an fp8 stage"
                       : NULL;
     if (why) {
         fprintf(stderr, "%s: %s\n", st->name, why);

@@ -28,6 +28,7 @@
 #define WARPGROUP   128   /* threads of a warpgroup: the unit that issues a wgmma */
 #define WG_ROWS     64    /* rows of a wgmma's A operand and accumulators (m64) */
 #define WGMMA_K     16    /* the reduction step of a 16-bit wgmma */
+#define WGMMA_K8    32    /* that of an 8-bit (e4m3) wgmma: 32 bytes, as 16-bit's 16 elements */
 #define BOX_COLS    64    /* 16-bit columns of a 128-byte swizzled box */
 #define BOX_ROW     128   /* bytes per row of such a box */
 #define SWIZZLE_ATOM 1024 /* 8 rows x 128 bytes: the swizzle's period and the boxes' alignment */
@@ -67,6 +68,33 @@ static inline int hopper_tensor_map(CUtensorMap *map, const void *base, attn_dty
                               4, (void *)base, dims, strides, box, elem_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* The same for a tensor of 1-byte elements (e4m3): boxes of 128 columns (128 bytes) x box_rows
+ * rows, 128-byte swizzled; d a multiple of 128. 0 on success. */
+static inline int hopper_tensor_map_8bit(CUtensorMap *map, const void *base, int d, int N, int heads,
+                                         int B, int box_rows)
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+        void *fn = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                             cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess || !fn)
+            return -1;
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    }
+    const cuuint64_t dims[4] = { (cuuint64_t)d, (cuuint64_t)N, (cuuint64_t)heads, (cuuint64_t)B };
+    const cuuint64_t row = (cuuint64_t)heads * d;   /* bytes */
+    const cuuint64_t strides[3] = { row, (cuuint64_t)d, row * N };
+    const cuuint32_t box[4] = { BOX_ROW, (cuuint32_t)box_rows, 1, 1 };
+    const cuuint32_t elem_strides[4] = { 1, 1, 1, 1 };
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, (void *)base, dims, strides,
+                              box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? 0 : -1;
 }
 
@@ -405,5 +433,69 @@ static __device__ __forceinline__ void wgmma_ss_tt_n64(float d[32], uint64_t a, 
 WGMMA_RS_FN(64, 32, WGMMA_ACC_32, WGMMA_D32, "%32", "%33", "%34", "%35", "%36", "%37")
 WGMMA_RS_FN(128, 64, WGMMA_ACC_64, WGMMA_D64, "%64", "%65", "%66", "%67", "%68", "%69")
 WGMMA_RS_FN(256, 128, WGMMA_ACC_128, WGMMA_D128, "%128", "%129", "%130", "%131", "%132", "%133")
+
+/* ---- device: fp8 (e4m3) --------------------------------------------------------------------- */
+
+/* Two floats to two e4m3 bytes, x0 in the low byte: round to nearest even, saturating to +-448
+ * (cvt puts its first operand in the high byte). */
+static __device__ __forceinline__ uint16_t e4m3x2(float x0, float x1)
+{
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(x1), "f"(x0));
+    return r;
+}
+
+static __device__ __forceinline__ uint32_t e4m3x4(float x0, float x1, float x2, float x3)
+{
+    return (uint32_t)e4m3x2(x0, x1) | (uint32_t)e4m3x2(x2, x3) << 16;
+}
+
+/* Store four 8 x 8 matrices of 16-bit elements (stmatrix, the inverse of ldmatrix_x4): this
+ * thread's r[m] is row lane/4, elements 2(lane%4), +1 of matrix m; lane 8m + i gives the
+ * shared-memory address of row i of matrix m (16 bytes). */
+static __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t r[4])
+{
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
+/* D[64 x N] (+)= A[64 x 32] B[32 x N], fp32 accumulators, e4m3 operands. fp8 wgmma has no
+ * transpose bits: both operands K-major (A by descriptor or from four registers of four bytes
+ * a thread, B by descriptor). */
+#define WGMMA_SS8(N, ACC, A, B, SC)                                                           \
+    "{\n .reg .pred p;\n setp.ne.b32 p, " SC ", 0;\n"                                          \
+    " wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " ACC ", " A ", " B ", p, 1, 1;\n}\n"
+#define WGMMA_RS8(N, ACC, A0, A1, A2, A3, B, SC)                                              \
+    "{\n .reg .pred p;\n setp.ne.b32 p, " SC ", 0;\n"                                          \
+    " wgmma.mma_async.sync.aligned.m64n" N "k32.f32.e4m3.e4m3 " ACC ", {" A0 ", " A1 ", " A2     \
+    ", " A3 "}, " B ", p, 1, 1;\n}\n"
+
+static __device__ __forceinline__ void wgmma8_ss_n128(float d[64], uint64_t a, uint64_t b, int scale_d)
+{
+    asm volatile(WGMMA_SS8("128", WGMMA_ACC_64, "%64", "%65", "%66")
+                 : WGMMA_D64(d) : "l"(a), "l"(b), "r"(scale_d));
+}
+
+/* The first k-step of a product (scale_d 0), the accumulators declared written only, as
+ * wgmma_ss_first_n<N>. */
+static __device__ __forceinline__ void wgmma8_ss_first_n128(float d[64], uint64_t a, uint64_t b)
+{
+    asm volatile(WGMMA_SS8("128", WGMMA_ACC_64, "%64", "%65", "%66")
+                 : WGMMA_W64(d) : "l"(a), "l"(b), "r"(0));
+}
+
+static __device__ __forceinline__ void wgmma8_rs_n128(float d[64], const uint32_t a[4], uint64_t b,
+                                                      int scale_d)
+{
+    asm volatile(WGMMA_RS8("128", WGMMA_ACC_64, "%64", "%65", "%66", "%67", "%68", "%69")
+                 : WGMMA_D64(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+static __device__ __forceinline__ void wgmma8_rs_n256(float d[128], const uint32_t a[4], uint64_t b,
+                                                      int scale_d)
+{
+    asm volatile(WGMMA_RS8("256", WGMMA_ACC_128, "%128", "%129", "%130", "%131", "%132", "%133")
+                 : WGMMA_D128(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
 
 #endif /* ATTN_HOPPER_CUH */

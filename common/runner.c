@@ -145,6 +145,10 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
         snprintf(info->why, sizeof info->why, "has no e4m3 forward (--dtype e4m3): a 16-bit stage");
         return info->status = ATTN_RUN_REFUSED;
     }
+    if (p->dtype != ATTN_E4M3 && st->fp8 == ATTN_FP8_ONLY) {
+        snprintf(info->why, sizeof info->why, "runs e4m3 inputs only (--dtype e4m3): an fp8 stage");
+        return info->status = ATTN_RUN_REFUSED;
+    }
     if (p->dtype == ATTN_E4M3 && bwd) {
         snprintf(info->why, sizeof info->why, "e4m3 is forward only (no --backward)");
         return info->status = ATTN_RUN_REFUSED;

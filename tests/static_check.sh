@@ -9,8 +9,8 @@
 #     (BUILD/<stage>.ptx) has wgmma.mma_async and cp.async.bulk.tensor; ptxas printed no
 #     performance warning C75xx (C7508 setmaxnreg ignored, C7510 wgmma serialised at a function
 #     call, C7511 too few registers, C7515 wgmma serialised by accumulator use, C7519 warpgroup
-#     arrive inserted); with cuobjdump (the toolkit's, or on PATH) its SASS has HGMMA and UTMALDG
-#     (without one, that part is reported as not checked). A warp-specialised one (it uses
+#     arrive inserted); with cuobjdump (the toolkit's, or on PATH) its SASS has HGMMA (QGMMA for
+#     an fp8 stage's) and UTMALDG (without one, that part is reported as not checked). A warp-specialised one (it uses
 #     SETMAXNREG_*) also has setmaxnreg, bar.sync and bar.arrive in its PTX.
 set -u
 build=$1; shift
@@ -67,7 +67,7 @@ for s in "$@"; do
     fi
     if [ -n "$cuobjdump" ]; then
         sass=$("$cuobjdump" --dump-sass "$obj" 2>&1)
-        for insn in HGMMA UTMALDG; do
+        for insn in 'HGMMA\|QGMMA' UTMALDG; do
             if ! printf '%s' "$sass" | grep -q "$insn"; then
                 echo "static check: $s: no $insn in its SASS ($cuobjdump --dump-sass $obj)"; fail=1
             fi

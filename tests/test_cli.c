@@ -214,6 +214,9 @@ static const attn_stage masked_stub = { .name = "masked_stub", .summary = "test"
 static const attn_stage dense_stub = { .name = "dense_stub", .summary = "test", .supports = "test",
                                        .check = refuse_every_shape, .workspace = no_workspace,
                                        .forward = never_runs };
+static const attn_stage fp8_only_stub = { .name = "fp8_only_stub", .summary = "test", .supports = "test",
+                                          .check = refuse_every_shape, .workspace = no_workspace,
+                                          .forward = never_runs, .fp8 = ATTN_FP8_ONLY };
 
 /* attn_main on a stand-in stage with the flags of line plus --csv; returns its exit code and
  * the note (the 16th field) of the one row it wrote into note */
@@ -309,6 +312,19 @@ Test(cli, e4m3_refused_by_a_16_bit_stage)
     char note[1024];
     cr_assert_eq(main_row_note(&dense_stub, "--seqlen 300 --dtype e4m3", note, sizeof note), 2);
     cr_assert(strncmp(note, "has no e4m3 forward", 19) == 0, "%s", note);
+}
+
+/* A stage with only an fp8 forward (ATTN_FP8_ONLY) refuses bf16 and fp16 before it runs, with
+ * its refused row; e4m3 it passes on (to its check(), or to the no-GPU refusal). */
+Test(cli, bf16_refused_by_an_fp8_only_stage)
+{
+    char note[1024];
+    cr_assert_eq(main_row_note(&fp8_only_stub, "--seqlen 300", note, sizeof note), 2);
+    cr_assert(strncmp(note, "runs e4m3 inputs only", 21) == 0, "%s", note);
+    cr_assert_eq(main_row_note(&fp8_only_stub, "--seqlen 300 --dtype fp16", note, sizeof note), 2);
+    cr_assert(strncmp(note, "runs e4m3 inputs only", 21) == 0, "%s", note);
+    cr_assert_eq(main_row_note(&fp8_only_stub, "--seqlen 300 --dim 128 --dtype e4m3", note, sizeof note), 2);
+    cr_assert(strstr(note, "a test stage") || strstr(note, "no CUDA GPU"), "%s", note);
 }
 
 /* --block-mask: the note names the file (without its directory); the mask --save wrote is

@@ -158,7 +158,8 @@ static int compare_all(attn_cmp *c, int *nc, const attn_host *t, attn_dir dir,
 
 /* A stage that refused every shape would pass every test that skips refusals: each stage the
  * GPU can run (its min_sm) must run a plain shape, forward and (if it has one) backward, and
- * pass it against the oracle. */
+ * pass it against the oracle. A stage of e4m3 only (ATTN_FP8_ONLY) is held to that by
+ * fp8_stages_against_oracle. */
 Test(gpu, every_stage_runs_a_plain_shape, .timeout = 300)
 {
     need_gpu();
@@ -175,7 +176,7 @@ Test(gpu, every_stage_runs_a_plain_shape, .timeout = 300)
     for (int si = 0; si < nall; si++) {
         const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
         /* sm_90a code runs on compute capability 9.0 only (the stages' check says so) */
-        if (sm < st->min_sm || (st->min_sm >= 90 && sm != 90)) continue;
+        if (sm < st->min_sm || (st->min_sm >= 90 && sm != 90) || st->fp8 == ATTN_FP8_ONLY) continue;
         for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++) {
             attn_host t;
             cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
@@ -382,6 +383,21 @@ Test(gpu, a_deadlock_ends_in_an_error, .timeout = 120)
     cr_assert(strstr(buf, "no error") == NULL, "%s", buf);
 }
 
+/* The layouts stage 11_fp8 assumes (the 8-bit A fragment, the V transpose's key order, e4m3
+ * descriptors, the TMA of bytes, the conversion's byte order) hold on this GPU, bit for bit on
+ * small integers: tests/fp8_layout.cu. */
+Test(gpu, fp8_layouts_hold, .timeout = 120)
+{
+    need_gpu();
+    const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
+    char cmd[1024], buf[4096];
+    snprintf(cmd, sizeof cmd, "%s/fp8_layout", build);
+    if (access(cmd, X_OK) != 0) cr_skip_test("%s not built (no fp8 stage)", cmd);
+    const int rc = run_capture(cmd, buf, sizeof buf);
+    if (rc == 2) cr_skip_test("%s", buf);
+    cr_assert_eq(rc, 0, "%s exited %d:\n%s", cmd, rc, buf);
+}
+
 /* the program's --check on a shape big enough that rows are sampled */
 Test(gpu, program_sampled_check, .timeout = 300)
 {
@@ -491,11 +507,29 @@ Test(gpu, stages_without_fp8_refuse_e4m3, .timeout = 120)
         cr_assert(strstr(info.why, "e4m3") || strstr(info.why, "capability"),
                   "%s: refused without the reason: %s", st->name, info.why);
     }
+    /* and a stage of e4m3 only refuses 16-bit inputs, instead of reading them as e4m3 bytes */
+    p.dtype = ATTN_BF16;
+    p.d = 128;
+    for (int si = 0; si < attn_nstages; si++) {
+        const attn_stage *st = attn_stages[si];
+        if (st->fp8 != ATTN_FP8_ONLY) continue;
+        attn_host t;
+        cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+        attn_host_fill(&t, 7, ATTN_INPUT_NORMAL);
+        attn_run_info info;
+        attn_run_opts opts = { 0, 1 };
+        const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
+        attn_host_free(&t);
+        cr_assert_eq(rs, ATTN_RUN_REFUSED, "%s ran bf16 inputs", st->name);
+        cr_assert(strstr(info.why, "e4m3") || strstr(info.why, "capability"),
+                  "%s: refused without the reason: %s", st->name, info.why);
+    }
 }
 
 /* Every stage with an fp8 forward (attn_stage.fp8) on e4m3 inputs against the oracle of the
  * dequantized inputs, at odd shapes, causal and not, GQA and MQA, the hard input kinds and
- * FlashAttention-3's outliers (with and without --hadamard). */
+ * FlashAttention-3's outliers (with and without --hadamard). Each stage the GPU can run must run
+ * some of them (a stage refusing every shape would pass otherwise). */
 Test(gpu, fp8_stages_against_oracle, .timeout = 600)
 {
     need_gpu();
@@ -512,7 +546,7 @@ Test(gpu, fp8_stages_against_oracle, .timeout = 600)
         C(2, 2, 2, 1000, 1000, 128, 0, 0, FR, 1), C(1, 2, 1, 255, 255, 128, 1, 0, LL, 1),
         C(1, 2, 2, 1000, 1000, 128, 0, 0, OU, 1), C(2, 4, 2, 255, 255, 64, 1, 0, OU, 1),
     };
-    int failures = 0, ran = 0;
+    int failures = 0, ran = 0, ran_by[8] = { 0 };
     for (size_t kh = 0; kh < 2 * (sizeof cases / sizeof cases[0]); kh++) {
         const size_t k = kh / 2;
         const gcase *gc = &cases[k];
@@ -544,6 +578,7 @@ Test(gpu, fp8_stages_against_oracle, .timeout = 600)
                 failures++;
             } else {
                 ran++;
+                ran_by[si]++;
                 attn_cmp c[5];
                 int nc;
                 if (compare_all(c, &nc, &t, ATTN_FORWARD, &r, st[si]->name)) {
@@ -559,6 +594,14 @@ Test(gpu, fp8_stages_against_oracle, .timeout = 600)
         attn_ref_free(&r);
         attn_host_free(&in);
     }
+    struct cudaDeviceProp prop;
+    cr_assert_eq(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    const int sm = prop.major * 10 + prop.minor;
+    for (int si = 0; si < ns; si++)
+        if (!ran_by[si] && sm >= st[si]->min_sm && !(st[si]->min_sm >= 90 && sm != 90)) {
+            fprintf(stderr, "%s: refused every e4m3 shape\n", st[si]->name);
+            failures++;
+        }
     if (!ran && !failures) cr_skip_test("the fp8 stages refused every shape (not a compute capability 9.0 GPU?)");
     cr_assert_eq(failures, 0, "%d fp8 runs failed", failures);
 }
