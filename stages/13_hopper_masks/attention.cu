@@ -199,21 +199,25 @@ static __device__ __forceinline__ const unsigned char *mask_row(const attn_probl
  * mask entry is NULL and a tile's list is key_tiles' range, every entry ENTRY_ALL. */
 typedef struct { const int *entry, *count, *order; int cap; } tile_lists;
 
-/* Query tile uc's list: its length (0: empty), and through *jt_lo the first key tile of its
- * range when there is no stored list. */
-static __device__ __forceinline__ int list_count(const attn_problem p, const tile_lists tl, int uc,
-                                                 int i0, int d, int *jt_lo)
+/* Query tile uc's list: its steps (the list's length, or 1 for an empty list) and the one value
+ * list_entry reads it with, base: the stored list at entry + base, or the range's tiles from
+ * base; -1 for an empty list, whose one step has entry 0. One value, so that the producer thread
+ * keeps within its 24 registers. */
+static __device__ __forceinline__ int tile_list(const attn_problem p, const tile_lists tl, int uc,
+                                                int i0, int d, int *base)
 {
-    int jt_hi;
-    key_tiles(p, i0, Br(d), Bc(d), jt_lo, &jt_hi);
-    return tl.entry ? __ldg(tl.count + uc) : jt_hi - *jt_lo;
+    int jt_lo, jt_hi;
+    key_tiles(p, i0, Br(d), Bc(d), &jt_lo, &jt_hi);
+    const int n = tl.entry ? __ldg(tl.count + uc) : jt_hi - jt_lo;
+    *base = n == 0 ? -1 : tl.entry ? uc * tl.cap : jt_lo;
+    return max(n, 1);
 }
 
-/* Entry k of query tile uc's list of n (the empty list's one step: 0). */
-static __device__ __forceinline__ int list_entry(const tile_lists tl, int uc, int jt_lo, int n, int k)
+/* Entry j of a query tile's list (tile_list). */
+static __device__ __forceinline__ int list_entry(const tile_lists tl, int base, int j)
 {
-    if (n == 0) return 0;
-    return tl.entry ? __ldg(tl.entry + (size_t)uc * tl.cap + k) : (jt_lo + k) | ENTRY_ALL;
+    if (base < 0) return 0;
+    return tl.entry ? __ldg(tl.entry + base + j) : (base + j) | ENTRY_ALL;
 }
 
 /* Max and sum over the QUAD lanes that share a row of an accumulator tile. */
@@ -363,15 +367,31 @@ typedef struct {
     const attn_args *a;
     const CUtensorMap *tmK, *tmV;
     band w;              /* causal and the window (diagonal_band) */
-    tile_lists tl;       /* the lists, and this tile's: its index, first key tile, length */
-    int uc, jt_lo, count;
+    tile_lists tl;       /* the lists, and this tile's (tile_list) */
+    int base;
     int cw, b, h_kv, Tc, row0, row, loader, pingpong;
     uint64_t dQ, dK, dV;   /* wgmma descriptors of Q (this consumer's rows), K and V stage 0 */
     int t, n0;   /* the block's t-th query tile; the rings' count at its K_0, V_0 */
 } consumer;
 
-/* Step j of a consumer's loop (K_j: the j-th tile of the query tile's list, keys key0 ..; a
- * masked step hides the keys outside k_lo .. k_hi-1 and the band): in its turn, issue S_j = Q_i K_jᵀ (has_s: j < Tc) and
+/* The list entry of the K_j in stage st of K's ring: the tile's first key; the keys k_lo ..
+ * k_hi-1 that the block mask leaves this warpgroup's rows (its two bits: the mask at the tile's
+ * first and last key, which may lie in two mask columns, keys up to mid in the first), below N_k. */
+static __device__ __forceinline__ void entry_keys(const consumer *c, int st, const int d, int *key0,
+                                                  int *k_lo, int *k_hi)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const fa3_smem sm = smem_layout(d);
+    const int e = ((volatile int *)(smem + (sm.entry - sm.Q)))[st];
+    const int j0 = entry_tile(e) * Bc(d), j1 = min(j0 + Bc(d), c->p->N_k);
+    const int bits = e >> (ENTRY_BITS + 2 * c->cw), mid = min(j1, (j0 / MASK_TILE + 1) * MASK_TILE);
+    *key0 = j0;
+    *k_lo = bits & 1 ? j0 : bits & 2 ? mid : j1;
+    *k_hi = bits & 2 ? j1 : bits & 1 ? mid : j1;
+}
+
+/* Step j of a consumer's loop (K_j: the j-th tile of the query tile's list; a masked step hides
+ * the keys that entry_keys and the band leave out): in its turn, issue S_j = Q_i K_jᵀ (has_s: j < Tc) and
  * O += P_{j-1} V_{j-1} (has_pv: j > 0); then the softmax of S_j, while the second product runs
  * (OVERLAP) or after it; then rescale O and pack P_j for the next step. has_s, has_pv, masked,
  * d and fp16 are literals at each call: no wgmma sits behind a run-time branch (ptxas would
@@ -380,8 +400,7 @@ typedef struct {
  * would leave nothing to overlap): tiles that need a mask run a copy of the step with it, the
  * others a copy without. In the accumulators, warp w of the warpgroup and lane l hold rows
  * 16w + l/4 and 16w + l/4 + 8, columns 8n + 2(l%4) + {0, 1} of every 8-column tile n, as in 07. */
-static __device__ __forceinline__ void consumer_step(const consumer *c, int j, int key0, int k_lo,
-                                                     int k_hi, float s[][4],
+static __device__ __forceinline__ void consumer_step(const consumer *c, int j, float s[][4],
                                                      float o[][4], uint32_t pa[][4], float m[2],
                                                      float l[2], const int has_s, const int has_pv,
                                                      const int masked, const int d,
@@ -397,7 +416,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, i
     TRACE_AT(c->a, c->t, j, 0);
     if (c->loader && j + STAGES - 1 < c->Tc)   /* no producer: K one ring ahead, its stage freed */
         load_tile(sm.K, sm.full_k, sm.empty_k, sm.entry, c->tmK, c->b, c->h_kv,
-                  list_entry(c->tl, c->uc, c->jt_lo, c->count, j + STAGES - 1), n + STAGES - 1, d);
+                  list_entry(c->tl, c->base, j + STAGES - 1), n + STAGES - 1, d);
     /* Both tiles have landed before the first wgmma: a wait loop between two wgmmas would be a
      * divergent path there. */
     if (has_s) mbar_wait(sm.full_k + 8 * st, ph);
@@ -454,8 +473,12 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, i
         else                   wgmma_wait_0();
         wgmma_hold(&s[0][0], bc / 2);
         TRACE_AT(c->a, c->t, j, 4);
+        if (masked) {   /* before K_j's stage (and its entry) is released */
+            int key0, k_lo, k_hi;
+            entry_keys(c, st, d, &key0, &k_lo, &k_hi);
+            mask_scores(s, bc / MMA_N, c->row, key0 + 2 * (lane % QUAD), k_lo, k_hi, c->w);
+        }
         if (lane == 0) mbar_arrive(sm.empty_k + 8 * st);   /* this warp is done with K_j */
-        if (masked) mask_scores(s, bc / MMA_N, c->row, key0 + 2 * (lane % QUAD), k_lo, k_hi, c->w);
 
         /* Online softmax in the log2 domain, as in 06 and 07: m holds max(S) * scale * log2(e). */
         float m_use[2];
@@ -498,7 +521,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, i
     }
     if (c->loader && j + STAGES - 1 < c->Tc)   /* no producer: V one ring ahead, its stage freed */
         load_tile(sm.V, sm.full_v, sm.empty_v, 0, c->tmV, c->b, c->h_kv,
-                  list_entry(c->tl, c->uc, c->jt_lo, c->count, j + STAGES - 1), n + STAGES - 1, d);
+                  list_entry(c->tl, c->base, j + STAGES - 1), n + STAGES - 1, d);
     if (has_s) {
         if (rescale) {   /* some row of the warp moved its max (always, without lazy rescaling) */
             if (lazy)   /* a row that kept its max keeps O and l (alpha exactly 1, as before) */
@@ -542,27 +565,20 @@ static __device__ __forceinline__ void pass_step(const consumer *c, int j, const
 }
 
 /* Step j's list entry, read once K_j has landed (the producer put it in the stage's slot before
- * arming K_j's barrier): the tile's first key; the keys k_lo .. k_hi-1 that the block mask leaves
- * this warpgroup's rows (its two bits: the mask at the tile's first and last key, which may lie
- * in two mask columns: keys up to mid in the first) below N_k; and 1 iff the step needs the
- * mask: some key of the tile hidden by the block mask, past N_k or outside the band for some
- * row of the warpgroup. */
-static __device__ __forceinline__ int step_mask(const consumer *c, int j, const int d, int *key0,
-                                                int *k_lo, int *k_hi)
+ * arming K_j's barrier), and while K_j's stage is held; 1 iff the step needs the mask: some key
+ * of the tile hidden by the block mask (entry_keys), past N_k or outside the band for some row
+ * of the warpgroup. The masked step reads the entry again: its keys would take registers
+ * across the step's products. */
+static __device__ __forceinline__ int step_mask(const consumer *c, int j, const int d)
 {
-    extern __shared__ __align__(1024) unsigned char smem[];
     const fa3_smem sm = smem_layout(d);
     const attn_problem p = *c->p;
     const int n = c->n0 + j, bc = Bc(d);
     mbar_wait(sm.full_k + 8 * (n % STAGES), n / STAGES & 1);
-    const int e = ((volatile int *)(smem + (sm.entry - sm.Q)))[n % STAGES];
-    const int j0 = entry_tile(e) * bc, j1 = min(j0 + bc, p.N_k);
-    const int bits = e >> (ENTRY_BITS + 2 * c->cw), mid = min(j1, (j0 / MASK_TILE + 1) * MASK_TILE);
-    *key0 = j0;
-    *k_lo = bits & 1 ? j0 : bits & 2 ? mid : j1;
-    *k_hi = bits & 2 ? j1 : bits & 1 ? mid : j1;
-    return *k_lo > j0 || *k_hi < j0 + bc ||
-           band_cuts(p, c->w, c->row0, min(c->row0 + WG_ROWS, p.N_q) - 1, j0, j0 + bc);
+    int key0, k_lo, k_hi;
+    entry_keys(c, n % STAGES, d, &key0, &k_lo, &k_hi);
+    return k_lo > key0 || k_hi < key0 + bc ||
+           band_cuts(p, c->w, c->row0, min(c->row0 + WG_ROWS, p.N_q) - 1, key0, key0 + bc);
 }
 
 /* The query tile a block of a persistent grid takes after tile u: from the counter at the start
@@ -640,9 +656,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         int h, i0;
         tile_of(p, G, u, d, walk, tl.order, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
-        c.uc = tile_index(p, c.b, h, i0, d);
-        c.count = list_count(p, tl, c.uc, i0, d, &c.jt_lo);
-        c.Tc = max(c.count, 1);   /* an empty list: one step, every score masked */
+        c.Tc = tile_list(p, tl, tile_index(p, c.b, h, i0, d), i0, d, &c.base);
         c.row0 = i0 + cw * WG_ROWS;
         c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
         if (c.loader) {
@@ -650,7 +664,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
             for (int k = 0; k < d / BOX_COLS; k++)
                 tma_load_4d(sm.Q + k * Br(d) * BOX_ROW, tmQ, k * BOX_COLS, i0, h, c.b, sm.bar_q);
             for (int j = 0; j < STAGES - 1 && j < c.Tc; j++) {
-                const int e = list_entry(tl, c.uc, c.jt_lo, c.count, j);
+                const int e = list_entry(tl, c.base, j);
                 load_tile(sm.K, sm.full_k, sm.empty_k, sm.entry, tmK, c.b, c.h_kv, e, c.n0 + j, d);
                 load_tile(sm.V, sm.full_v, sm.empty_v, 0, tmV, c.b, c.h_kv, e, c.n0 + j, d);
             }
@@ -671,25 +685,24 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         /* Only the entries that cut this warpgroup's rows (step_mask: the band's edges, the tail
          * past N_k, a tile the block mask hides in part) take the masked copy of the step. */
         const int Tc = c.Tc;
-        int key0, k_lo, k_hi;
         if (c.row0 >= p.N_q) {   /* no row of this warpgroup exists: its O is clipped by the store */
             for (int j = 0; j < Tc; j++) pass_step(&c, j, d);
         } else {
-            if (!step_mask(&c, 0, d, &key0, &k_lo, &k_hi))
-                consumer_step(&c, 0, key0, k_lo, k_hi, s, o, pa, m, l, 1, 0, 0, d, fp16);
+            if (!step_mask(&c, 0, d))
+                consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, d, fp16);
             else
-                consumer_step(&c, 0, key0, k_lo, k_hi, s, o, pa, m, l, 1, 0, 1, d, fp16);
+                consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, d, fp16);
             for (int j = 1; j < Tc; j++)
-                if (!step_mask(&c, j, d, &key0, &k_lo, &k_hi))
-                    consumer_step(&c, j, key0, k_lo, k_hi, s, o, pa, m, l, 1, 1, 0, d, fp16);
+                if (!step_mask(&c, j, d))
+                    consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, fp16);
                 else
-                    consumer_step(&c, j, key0, k_lo, k_hi, s, o, pa, m, l, 1, 1, 1, d, fp16);
+                    consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, fp16);
         }
         /* Every S product of this tile is complete: the producer may load the next Q_i, and post
          * in the slot this thread read (so every consumer thread arrives, not one a warp). */
         mbar_arrive(sm.empty_q + 8 * qs);
         if (c.row0 >= p.N_q) pass_step(&c, Tc, d);
-        else                 consumer_step(&c, Tc, 0, 0, 0, s, o, pa, m, l, 0, 1, 0, d, fp16);
+        else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, fp16);
 
         /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2; a row that saw no key has l_i = 0 and
          * m_i = -inf: O_i = 0 and L_i = -inf (attn.h), so 1 / l_i is not taken there. O_i is staged in shared memory (o_place;
@@ -789,10 +802,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
             int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
             int u = walk ? blockIdx.x : 0, t = 0;
             for (; u < n_tiles; t++) {
-                int b, h, i0, jt_lo;
+                int b, h, i0, base;
                 tile_of(p, G, u, d, walk, tl.order, &b, &h, &i0);
-                const int h_kv = h / (p.H / p.H_kv), uc = tile_index(p, b, h, i0, d);
-                const int count = list_count(p, tl, uc, i0, d, &jt_lo), Tc = max(count, 1);
+                const int h_kv = h / (p.H / p.H_kv);
+                const int Tc = tile_list(p, tl, tile_index(p, b, h, i0, d), i0, d, &base);
                 /* Q_i once the consumers' S products of the tile before that used its buffer
                  * are complete: the last tile (one buffer), or the one before it (two). */
                 const int qs = t % Q_BUFS(d);
@@ -805,7 +818,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                 /* The next tile, asked for now: the counter's answer arrives under the loads. */
                 const int u_next = counted ? next_tile_of(a, u) : n_tiles;
                 for (int j = 0; j < Tc; j++) {   /* the list's tiles, each with its entry */
-                    const int e = list_entry(tl, uc, jt_lo, count, j);
+                    const int e = list_entry(tl, base, j);
                     TRACE_AT(&a, t, j, 0);
                     load_tile(sm.K, sm.full_k, sm.empty_k, sm.entry, tmK, b, h_kv, e, n0 + j, d);
                     TRACE_AT(&a, t, j, 1);
