@@ -1,25 +1,27 @@
-/* stages/13_hopper_masks/attention.cu: FlashAttention-3's backward on Hopper (sm_90a).
+/* stages/13_hopper_masks/attention.cu: block-sparse and sliding-window FlashAttention-3 (sm_90a).
  *
- * Changed from 09_fa3_persistent: its forward, unchanged, and a backward (FA-3 Algorithm 3).
- * - Preprocess (bwd_preprocess): D = rowsum(dO ∘ O) and L in base 2, padded to whole query
- *   tiles, and the fp32 dQ accumulator zeroed. Postprocess: dQ scaled and rounded.
- * - One block per key tile of 128 keys of a kv head (K/V outer), looping over the query tiles
- *   (and the query heads of its GQA group) that see those keys. A producer warpgroup loads K_j
- *   and V_j once, then Q_i with L_i and dO_i with D_i by TMA into two rings on mbarriers.
- * - Two consumer warpgroups of 64 keys each compute the five products by wgmma, transposed
- *   (keys as rows): Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ from shared memory; Pᵀ and dSᵀ in
- *   registers, already the A operand of dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i; dSᵀ stored once
- *   for dQ_i = dS K_j, which each consumer computes a 64 x 64 part of from shared memory.
- * - dQ_i: fp32 atomics from the accumulators into the workspace, in fragment order (coalesced).
- *   dK_j, dV_j: written once, through K_j's and V_j's tiles, by TMA store.
- * Why: the backward is 2.5x the forward's FLOPs, and stage 6's mma.sync kernel runs it at about
- *   0.63x cuDNN on an H200.
- * Expected: FA-3 reports 1.5-1.75x FA-2's backward; the goal is cuDNN's (docs/13_hopper_masks.md).
- * Memory: L, and in the backward's workspace D and L2 (fp32 per row) and the fp32 dQ
- *   accumulator (4 bytes per element of dQ). Shared memory: 161 KiB at d = 128, 162 KiB at 64.
- *   Backward at head dims 64 and 128 (256 would need 256 registers for dK_j, dV_j alone).
+ * Changed from 10_fa3_backward: the same kernels, walking per-tile lists (12_block_sparse's idea
+ * in the Hopper pipeline). Masks (attn.h): causal, a window W, a block mask of 128 x 128 tiles, ANDed.
+ * - Lists: without a block mask a query tile's key tiles are one range (key_tiles) and a key
+ *   tile's query tiles another (query_tiles); with one, build_lists and build_bwd_lists write
+ *   them once a call, a warp per tile packing the visible tiles by ballot.
+ * - Forward: the producer walks the list and puts each entry beside K_j in shared memory; a
+ *   consumer runs the masked step copy only where its rows are cut (step_mask: the band's edges,
+ *   N_k, or at d = 64 and 256 a block-mask tile split by a query or key tile). The walking grid
+ *   takes tiles longest list first (sort_tiles). An empty list runs one fully masked step:
+ *   O = 0, L = -inf.
+ * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
+ *   an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
+ *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn).
+ * Why: exact attention at a fraction of the work, on the Hopper pipeline rather than mma.sync.
+ * Expected: time follows the visible tiles; a window W makes it linear in N. The goal: >= 1.0x
+ *   FlexAttention per mask, visible-pair TFLOP/s >= 0.9x 10_fa3_backward's dense rate (unmeasured).
+ * Memory: as 10_fa3_backward, plus with a block mask the lists in the workspace (an int per
+ *   listed tile, at most its key or query range: W-bounded with a window) and, deterministic,
+ *   the mask's row prefix sums; 8 bytes more shared memory (the entry slots).
  *
- * Run: make build/13_hopper_masks && build/13_hopper_masks --seqlen 8192 --dim 128 --backward --check --bench
+ * Run: make build/13_hopper_masks && build/13_hopper_masks --seqlen 8192 --dim 128 --backward \
+ *      --mask random:0.25 --check --bench   (or --causal --window 4096; --block-mask F.npy)
  */
 #include <limits.h>
 #include <math.h>
@@ -1697,6 +1699,14 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
                  "(dK_j and dV_j of 64 keys x 256 take 256 registers a thread alone)");
         return 1;
     }
+    /* The lists' indices are ints: a forward entry holds its key tile in ENTRY_BITS bits. */
+    if (attn_ceil_div(p->N_k, Bc(p->d)) >= (1 << ENTRY_BITS) ||
+        (p->block_mask && (fwd_tiles(p) * fwd_cap(p) >= INT_MAX || bwd_blocks(p) * bwd_cap(p) >= INT_MAX ||
+                           (double)p->H / p->H_kv * attn_ceil_div(p->N_q, BWD_Br(p->d)) >= INT_MAX))) {
+        snprintf(why, ATTN_WHY_LEN, "N_q = %d, N_k = %d: the tile lists of stage 13_hopper_masks index "
+                 "at most 2^31 entries (and 2^24 key tiles)", p->N_q, p->N_k);
+        return 1;
+    }
     if (trace_refuse("13_hopper_masks", why)) return 1;
     int smem_max = 0;
     if (attn_smem_per_block(&smem_max)) {
@@ -1773,11 +1783,13 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
 
 ATTN_EXPORT const attn_stage stage_13_hopper_masks = {
     "13_hopper_masks",
-    "FlashAttention-3's backward on Hopper: a TMA producer, wgmma with P and dS from registers, dQ by fp32 atomics",
-    "head dim 64, 128 or 256 (backward: 64 and 128); bf16, fp16; any N; causal; GQA; compute capability 9.0 only",
+    "block-sparse and sliding-window FlashAttention-3: the Hopper pipeline walks per-tile lists",
+    "head dim 64, 128 or 256 (backward: 64 and 128); bf16, fp16; any N; causal, sliding window, "
+    "block masks; GQA; deterministic dQ; compute capability 9.0 only",
     90,
     check,
     workspace,
     forward,
     backward,
+    1,
 };
