@@ -995,6 +995,9 @@ static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
 #define BWD_Bc      128                       /* keys per block: two consumers of 64 */
 #define BWD_Br(d)   ((d) == 64 ? 128 : 64)    /* query rows per step */
 #define BWD_THREADS (3 * WARPGROUP)           /* producer, two consumers */
+#if BWD_Bc != MASK_TILE
+#error "build_bwd_lists, bwd_turn: a backward key tile must be one block-mask column"
+#endif
 #define BAR_DS      8                         /* both consumers: dSᵀ of the step is stored */
 #define BAR_DKV     9                         /* both consumers: done with K_j and V_j */
 #define BAR_WG      10                        /* BAR_WG + c: consumer c alone (deterministic dQ) */
@@ -1513,6 +1516,9 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     /* The steps that need the mask: keys past N_k (the last key tile), or a query tile that some
      * edge of the band crosses (band_cuts). */
     for (int t = 0; t < steps; t++) {
+        /* A stored step is read from its list here (in order: most reads hit L1), not passed
+         * by the producer through shared memory as the forward's entries: with that, the d = 64
+         * consumers spill 48 bytes (ptxas, nvcc 13.0). */
         int g, qt;
         bwd_step_of(bl, v, t, per_head, first, n_t, &g, &qt);
         const int h = h_kv * group + g, i0 = qt * br, st = t % STAGES, ph = t / STAGES & 1;
