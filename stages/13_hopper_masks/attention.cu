@@ -87,7 +87,8 @@
  * STAGES x K_j [Bc][d]; STAGES x V_j [Bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its
  * store: o_place); then the mbarriers: Q's full and empty ones (two of each), O's (its store
  * has read V's ring), and full K, full V, empty K, empty V, STAGES of each; then two ints, the
- * posted query tile, and STAGES ints, the list entry of the K_j in each stage of K's ring. */
+ * posted query tile, two its steps, and STAGES ints, the list entry of the K_j in each stage of
+ * K's ring. */
 typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot, entry; } fa3_smem;
 
 /* Q_i's buffers: two where shared memory has room for a second (d = 128 with 128-key tiles: 192
@@ -97,7 +98,7 @@ typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, em
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
 {
     return (size_t)((Q_BUFS(d) + (d == 64)) * Br(d) + STAGES * 2 * Bc(d)) * d * 2
-           + (5 + 4 * STAGES) * sizeof(uint64_t) + (2 + STAGES) * sizeof(int);
+           + (5 + 4 * STAGES) * sizeof(uint64_t) + (4 + STAGES) * sizeof(int);
 }
 
 static __device__ __forceinline__ fa3_smem smem_layout(int d)
@@ -116,8 +117,8 @@ static __device__ __forceinline__ fa3_smem smem_layout(int d)
     m.full_v = m.full_k + 8 * STAGES;
     m.empty_k = m.full_v + 8 * STAGES;
     m.empty_v = m.empty_k + 8 * STAGES;
-    m.slot = m.empty_v + 8 * STAGES;   /* [2]: the query tile the producer posted, by parity */
-    m.entry = m.slot + 8;              /* [STAGES]: K_j's list entry, by stage */
+    m.slot = m.empty_v + 8 * STAGES;   /* [4]: the query tile the producer posted and its steps, by parity */
+    m.entry = m.slot + 16;             /* [STAGES]: K_j's list entry, by stage */
     return m;
 }
 
@@ -290,6 +291,16 @@ static __device__ __forceinline__ void store_rows(void *x, uint32_t at, int r0, 
     }
 }
 
+/* The query tile of index v = (b H + h) n_i + it (tile_index's inverse). */
+static __device__ __forceinline__ void tile_at(const attn_problem p, int v, int d, int *b, int *h,
+                                               int *i0)
+{
+    const int n_i = (p.N_q + Br(d) - 1) / Br(d);
+    *h = v / n_i % p.H;
+    *b = v / n_i / p.H;
+    *i0 = v % n_i * Br(d);
+}
+
 /* The query tile u of the grid's order: rows i0 .., head h, batch b. Row tiles fastest, as FA-3
  * orders them. Causal tiles longest first (last row first), and across the G heads of a section
  * (FA-3's LPT order): the section's last row tiles, then the ones before, ...; G heads' K and V
@@ -303,10 +314,7 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
 {
     const int n_i = (p.N_q + Br(d) - 1) / Br(d);
     if (order && walk) {
-        const int v = __ldg(order + u);   /* (b H + h) n_i + it */
-        *h = v / n_i % p.H;
-        *b = v / n_i / p.H;
-        *i0 = v % n_i * Br(d);
+        tile_at(p, __ldg(order + u), d, b, h, i0);
         return;
     }
     if (p.causal && walk) {
@@ -596,13 +604,16 @@ static __device__ __forceinline__ int next_tile_of(const attn_args a, int u)
 #endif
 }
 
-/* The producer posts the block's t-th query tile (n_tiles: none left) in slot[t & 1] before it
- * arms Q's barrier for it; a consumer reads it once that phase is complete. Q_i's buffers are a
- * ring of Q_BUFS stages: tile t's is t % Q_BUFS, its barriers' parity t / Q_BUFS & 1. */
-static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int u)
+/* The producer posts the block's t-th query tile (its index, tile_index; n_tiles: none left) in
+ * slot[t & 1], and its steps in slot[2 + (t & 1)], before it arms Q's barrier for it; a consumer
+ * reads them once that phase is complete (so that it need not read the order and the list's
+ * length itself, two global loads one after the other). Q_i's buffers are a ring of Q_BUFS
+ * stages: tile t's is t % Q_BUFS, its barriers' parity t / Q_BUFS & 1. */
+static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int v, int steps)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
-    ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1] = u;
+    ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1] = v;
+    ((volatile int *)(smem + (sm.slot - sm.Q)))[2 + (t & 1)] = steps;
 }
 
 static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t, const int d)
@@ -610,6 +621,12 @@ static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t, cons
     extern __shared__ __align__(1024) unsigned char smem[];
     mbar_wait(sm.bar_q + 8 * (t % Q_BUFS(d)), t / Q_BUFS(d) & 1);
     return ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1];
+}
+
+static __device__ __forceinline__ int posted_steps(const fa3_smem sm, int t)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    return ((volatile int *)(smem + (sm.slot - sm.Q)))[2 + (t & 1)];
 }
 
 /* A consumer warpgroup: rows cw * 64 .. of each of the block's query tiles (its one, or those
@@ -656,9 +673,15 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         const int qs = c.t % Q_BUFS(d);   /* this tile's Q_i buffer */
         if (d != 256) c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d * 2);
         int h, i0;
-        tile_of(p, G, u, d, walk, tl.order, &c.b, &h, &i0);
+        c.base = 0;
+        if (counted) {   /* u: the tile's index, posted with its steps */
+            tile_at(p, u, d, &c.b, &h, &i0);
+            c.Tc = posted_steps(sm, c.t);
+        } else {
+            tile_of(p, G, u, d, walk, tl.order, &c.b, &h, &i0);
+            c.Tc = tile_list(p, tl, tile_index(p, c.b, h, i0, d), i0, d, &c.base);
+        }
         c.h_kv = h / (p.H / p.H_kv);
-        c.Tc = tile_list(p, tl, tile_index(p, c.b, h, i0, d), i0, d, &c.base);
         c.row0 = i0 + cw * WG_ROWS;
         c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
         if (c.loader) {
@@ -806,14 +829,14 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
             for (; u < n_tiles; t++) {
                 int b, h, i0, base;
                 tile_of(p, G, u, d, walk, tl.order, &b, &h, &i0);
-                const int h_kv = h / (p.H / p.H_kv);
-                const int Tc = tile_list(p, tl, tile_index(p, b, h, i0, d), i0, d, &base);
+                const int h_kv = h / (p.H / p.H_kv), v = tile_index(p, b, h, i0, d);
+                const int Tc = tile_list(p, tl, v, i0, d, &base);
                 /* Q_i once the consumers' S products of the tile before that used its buffer
                  * are complete: the last tile (one buffer), or the one before it (two). */
                 const int qs = t % Q_BUFS(d);
                 const uint32_t Qt = sm.Q + qs * Br(d) * d * 2, full_q = sm.bar_q + 8 * qs;
                 mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
-                if (counted) post_tile(sm, t, u);
+                if (counted) post_tile(sm, t, v, Tc);
                 mbar_arrive_expect_tx(full_q, Br(d) * d * 2);
                 for (int c = 0; c < d / BOX_COLS; c++)
                     tma_load_4d(Qt + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, full_q);
@@ -835,7 +858,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
             if (counted) {   /* no tile left: the consumers wake on Q's barrier to read so */
                 const int qs = t % Q_BUFS(d);
                 mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
-                post_tile(sm, t, n_tiles);
+                post_tile(sm, t, n_tiles, 0);
                 mbar_arrive(sm.bar_q + 8 * qs);
             }
         }
