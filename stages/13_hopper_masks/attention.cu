@@ -1,7 +1,7 @@
 /* stages/13_hopper_masks/attention.cu: block-sparse and sliding-window FlashAttention-3 (sm_90a).
  *
  * Changed from 10_fa3_backward: the same kernels, walking per-tile lists (12_block_sparse's idea
- * in the Hopper pipeline). Masks (attn.h): causal, a window W, a block mask of 128 x 128 tiles, ANDed.
+ * in the Hopper pipeline). Masks (attn.h): causal, a window W, 128 x 128 block-mask tiles, ANDed.
  * - Lists: without a block mask a query tile's key tiles are one range (key_tiles) and a key
  *   tile's query tiles another (query_tiles); with one, build_lists and build_bwd_lists write
  *   them once a call, a warp per tile packing the visible tiles by ballot.
@@ -86,9 +86,9 @@
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_BUFS x Q_i [Br][d];
  * STAGES x K_j [Bc][d]; STAGES x V_j [Bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its
  * store: o_place); then the mbarriers: Q's full and empty ones (two of each), O's (its store
- * has read V's ring), and full K, full V, empty K, empty V, STAGES of each; then two ints, the
- * posted query tile, two its steps, and STAGES ints, the list entry of the K_j in each stage of
- * K's ring. */
+ * has read V's ring), and full K, full V, empty K, empty V, STAGES of each; then four ints, the
+ * posted query tile and its steps (two of each), and STAGES ints, the list entry of the K_j in
+ * each stage of K's ring. */
 typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot, entry; } fa3_smem;
 
 /* Q_i's buffers: two where shared memory has room for a second (d = 128 with 128-key tiles: 192
@@ -117,7 +117,7 @@ static __device__ __forceinline__ fa3_smem smem_layout(int d)
     m.full_v = m.full_k + 8 * STAGES;
     m.empty_k = m.full_v + 8 * STAGES;
     m.empty_v = m.empty_k + 8 * STAGES;
-    m.slot = m.empty_v + 8 * STAGES;   /* [4]: the query tile the producer posted and its steps, by parity */
+    m.slot = m.empty_v + 8 * STAGES;   /* [4]: the posted query tile, its steps: by parity */
     m.entry = m.slot + 16;             /* [STAGES]: K_j's list entry, by stage */
     return m;
 }
@@ -292,8 +292,8 @@ static __device__ __forceinline__ void store_rows(void *x, uint32_t at, int r0, 
 }
 
 /* The query tile of index v = (b H + h) n_i + it (tile_index's inverse). */
-static __device__ __forceinline__ void tile_at(const attn_problem p, int v, int d, int *b, int *h,
-                                               int *i0)
+static __device__ __forceinline__ void tile_by_index(const attn_problem p, int v, int d, int *b,
+                                                     int *h, int *i0)
 {
     const int n_i = (p.N_q + Br(d) - 1) / Br(d);
     *h = v / n_i % p.H;
@@ -314,7 +314,7 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
 {
     const int n_i = (p.N_q + Br(d) - 1) / Br(d);
     if (order && walk) {
-        tile_at(p, __ldg(order + u), d, b, h, i0);
+        tile_by_index(p, __ldg(order + u), d, b, h, i0);
         return;
     }
     if (p.causal && walk) {
@@ -386,7 +386,8 @@ typedef struct {
 
 /* The list entry of the K_j in stage st of K's ring: the tile's first key; the keys k_lo ..
  * k_hi-1 that the block mask leaves this warpgroup's rows (its two bits: the mask at the tile's
- * first and last key, which may lie in two mask columns, keys up to mid in the first), below N_k. */
+ * first and last key, which may lie in two mask columns: keys up to mid in the first), below
+ * N_k. */
 static __device__ __forceinline__ void entry_keys(const consumer *c, int st, const int d, int *key0,
                                                   int *k_lo, int *k_hi)
 {
@@ -401,14 +402,14 @@ static __device__ __forceinline__ void entry_keys(const consumer *c, int st, con
 }
 
 /* Step j of a consumer's loop (K_j: the j-th tile of the query tile's list; a masked step hides
- * the keys that entry_keys and the band leave out): in its turn, issue S_j = Q_i K_jᵀ (has_s: j < Tc) and
- * O += P_{j-1} V_{j-1} (has_pv: j > 0); then the softmax of S_j, while the second product runs
- * (OVERLAP) or after it; then rescale O and pack P_j for the next step. has_s, has_pv, masked,
- * d and fp16 are literals at each call: no wgmma sits behind a run-time branch (ptxas would
- * serialise them all, C7520), and no branch lies between the PV product and its wait (ptxas
- * puts the wait before the first branch it meets, so a run-time "if (tile needs a mask)" there
- * would leave nothing to overlap): tiles that need a mask run a copy of the step with it, the
- * others a copy without. In the accumulators, warp w of the warpgroup and lane l hold rows
+ * the keys that entry_keys and the band leave out): in its turn, issue S_j = Q_i K_jᵀ (has_s:
+ * j < Tc) and O += P_{j-1} V_{j-1} (has_pv: j > 0); then the softmax of S_j, while the second
+ * product runs (OVERLAP) or after it; then rescale O and pack P_j for the next step. has_s,
+ * has_pv, masked, d and fp16 are literals at each call: no wgmma sits behind a run-time branch
+ * (ptxas would serialise them all, C7520), and no branch lies between the PV product and its
+ * wait (ptxas puts the wait before the first branch it meets, so a run-time "if (tile needs a
+ * mask)" there would leave nothing to overlap): tiles that need a mask run a copy of the step
+ * with it, the others a copy without. In the accumulators, warp w of the warpgroup and lane l hold rows
  * 16w + l/4 and 16w + l/4 + 8, columns 8n + 2(l%4) + {0, 1} of every 8-column tile n, as in 07. */
 static __device__ __forceinline__ void consumer_step(const consumer *c, int j, float s[][4],
                                                      float o[][4], uint32_t pa[][4], float m[2],
@@ -675,7 +676,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         int h, i0;
         c.base = 0;
         if (counted) {   /* u: the tile's index, posted with its steps */
-            tile_at(p, u, d, &c.b, &h, &i0);
+            tile_by_index(p, u, d, &c.b, &h, &i0);
             c.Tc = posted_steps(sm, c.t);
         } else {
             tile_of(p, G, u, d, walk, tl.order, &c.b, &h, &i0);
@@ -730,9 +731,10 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, fp16);
 
         /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2; a row that saw no key has l_i = 0 and
-         * m_i = -inf: O_i = 0 and L_i = -inf (attn.h), so 1 / l_i is not taken there. O_i is staged in shared memory (o_place;
-         * in V's ring as FA-3 does, when the block walks tiles), then leaves by one TMA store per
-         * 64-column box; rows past N_q are clipped by the tensor map. */
+         * m_i = -inf: O_i = 0 and L_i = -inf (attn.h), so 1 / l_i is not taken there. O_i is
+         * staged in shared memory (o_place; in V's ring as FA-3 does, when the block walks
+         * tiles), then leaves by one TMA store per 64-column box; rows past N_q are clipped by
+         * the tensor map. */
         const int n_o = c.n0 + Tc - STAGES;   /* -1 for a block's first tile if it has one step */
         const uint32_t o_tile = o_place(sm, walk, n_o, d);
         if (walk && d == 256) bar_sync(BAR_ALL, CONSUMERS(d) * WARPGROUP);
