@@ -3,8 +3,9 @@
 # forward and backward, at small odd shapes: the 300-token ones big enough that tiled stages also
 # run tiles that need no mask; the 700-token one more query tiles than an H200 has SMs, so that a
 # persistent grid's blocks walk several; the head dim 256 one only the Hopper stages run; the
-# last four, two windows and two block masks, only the stages with masks (at head dims 64 and
-# 128, with and without GQA).
+# last six, two windows and four block masks, only the stages with masks (at head dims 64 and
+# 128, with and without GQA; at 256 forward only, which 13_hopper_masks alone runs; the last
+# with a window AND a mask, deterministic: the semaphores' turns counted over the mask).
 # Any finding fails; a shape a stage refuses (exit 2, e.g. a stage without a backward pass) is
 # reported as skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
@@ -22,7 +23,9 @@ shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 64 --causal --window 70"
         "--batch 1 --heads 2 --seqlen 300 --dim 128 --causal --window 100"
         "--batch 1 --heads 4 --kv-heads 2 --seqlen 300 --dim 128 --mask random:0.5"
-        "--batch 1 --heads 60 --kv-heads 15 --seqlen 600 --dim 64 --mask random:0.3")
+        "--batch 1 --heads 60 --kv-heads 15 --seqlen 600 --dim 64 --mask random:0.3"
+        "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 256 --mask random:0.5"
+        "--batch 1 --heads 2 --seqlen 1000 --dim 128 --causal --window 300 --mask random:0.6 --deterministic")
 command -v "$san" >/dev/null 2>&1 || { echo "sanitize: $san not found"; exit 2; }
 logdir=$build/sanitize
 mkdir -p "$logdir"
