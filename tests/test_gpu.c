@@ -755,6 +755,10 @@ Test(gpu, masks_against_oracle, .timeout = 600)
         { 1, 4, 2, 1000, 900, 64, 0, 0, 0, 1, "random:0.5" },      /* deterministic, GQA, not
                                                                          causal: the turns in
                                                                          key order */
+        { 1, 24, 8, 1100, 1100, 128, 0, 0, 1, 0, "random:0.3" },   /* 216 query tiles: on 132
+                                                                         SMs a persistent grid
+                                                                         takes them longest list
+                                                                         first from the counter */
         { 1, 2, 1, 17, 1000, 128, 0, 0, 0, 0, "local:128" },
         { 1, 2, 2, 300, 300, 64, 0, 0, 0, 0, "random:0.001" },      /* (almost) all zero */
         { 3, 20, 5, 600, 600, 64, 1, 300, 0, 0, "random:0.6" },     /* 60 heads: on 132 SMs the
@@ -817,6 +821,7 @@ Test(gpu, masks_head_dim_256_forward, .timeout = 300)
         { 2, 2, 2, 700, 1000, 256, 1, 300, 1, 0, "local:256,global:128" },
         { 1, 2, 1, 300, 100, 256, 0, 50, 0, 0, NULL },              /* rows 149.. see nothing */
         { 1, 2, 2, 500, 500, 256, 1, 0, 0, 0, "random:0.001" },     /* (almost) all zero */
+        { 1, 40, 40, 500, 500, 256, 0, 0, 0, 0, "random:0.5" },    /* 160 tiles: persistent */
     };
     int failures = 0, ran = 0;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
