@@ -8,7 +8,7 @@
  * - Forward: the producer walks the list and puts each entry beside K_j in shared memory; a
  *   consumer runs the masked step copy only where its rows are cut (step_mask: the band's edges,
  *   N_k, or at d = 64 and 256 a block-mask tile split by a query or key tile). The walking grid
- *   takes tiles longest list first (sort_tiles). An empty list runs one fully masked step:
+ *   takes an L2 section's tiles longest list first (sort_tiles). An empty list runs one fully masked step:
  *   O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
  *   an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
@@ -198,7 +198,7 @@ static __device__ __forceinline__ const unsigned char *mask_row(const attn_probl
 
 /* The forward's tile lists, built once a call with a block mask (build_lists): query tile uc =
  * (b H + h) n_i + it has count[uc] entries at entry + uc cap, in key order; order holds the
- * query tiles longest list first (sort_tiles), the order of a walking grid. Without a block
+ * query tiles in a walking grid's order (sort_tiles: by section, longest list first). Without a block
  * mask entry is NULL and a tile's list is key_tiles' range, every entry ENTRY_ALL. */
 typedef struct { const int *entry, *count, *order; int cap; } tile_lists;
 
@@ -307,8 +307,9 @@ static __device__ __forceinline__ void tile_by_index(const attn_problem p, int v
  * fit in a share of L2 (forward), so the blocks running at once read the same keys. A block
  * that walks tiles counts them in a 1-D grid; one that has one is the block (it, h, b) of a 3-D
  * grid (d = 64 without a causal mask), whose indices ptxas can read again where needed rather
- * than keep in registers. With a block mask's lists (order), a walking grid takes the tiles
- * longest list first instead: the lengths follow the mask, not the row. */
+ * than keep in registers. With a block mask's lists (order), a walking grid takes the sections
+ * in order and in each the tiles longest list first (sort_tiles): lengths follow the mask, not
+ * the row. */
 static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int u, int d, int walk,
                                                const int *order, int *b, int *h, int *i0)
 {
@@ -918,7 +919,7 @@ static attention_fn pick_forward(const attn_problem *p)
 
 #define LIST_THREADS 256   /* the list kernels: a warp per list */
 #define SORT_THREADS 1024  /* sort_tiles: one block */
-#define SORT_BUCKETS 4096  /* list lengths it tells apart (longer ones share the last bucket) */
+#define SORT_BUCKETS 4096  /* (section, list length) keys it tells apart */
 
 /* The forward's lists: a warp per query tile uc (rows i0 .. of head h, batch b), whose lanes take
  * 32 key tiles of key_tiles' range at a time, in order. For each consumer c (64 rows, in one
@@ -954,22 +955,35 @@ static __global__ void __launch_bounds__(LIST_THREADS) build_lists(attn_problem 
     if (lane == 0) count[uc] = n;
 }
 
-/* The walking grid's order with a block mask: the query tiles by list length, longest first (a
- * long tile taken last would end the kernel alone), by a counting sort in one block: the
- * lengths' histogram, each bucket's start counted from the longest down, then every tile at
- * its bucket's next place (within a bucket in any order: a tile's result is its own). */
+/* The bucket of query tile u in the walking grid's order with a block mask: the sections of G
+ * heads whose K and V fit in a share of L2 (tile_of's), in order, and in each the tiles by list
+ * length, longest first (a long tile taken last would end the kernel alone): n_sec sections of
+ * lb buckets, lengths 0 .. cap spread over them; more than SORT_BUCKETS in all share buckets
+ * (keys merged in order). */
+static __device__ __forceinline__ int sort_bucket(int u, int len, int n_i, int G, int n_sec, int cap)
+{
+    const int lb = max(1, SORT_BUCKETS / n_sec), sec = u / n_i / G;
+    const long key = (long)sec * lb + lb - 1 - (long)min(len, cap) * lb / (cap + 1);
+    return (int)(key * SORT_BUCKETS / max((long)n_sec * lb, (long)SORT_BUCKETS));
+}
+
+/* That order, by a counting sort in one block: the buckets' histogram, each bucket's start, then
+ * every tile at its bucket's next place (within a bucket in any order: a tile's result is its
+ * own). */
 static __global__ void __launch_bounds__(SORT_THREADS) sort_tiles(const int *count, int *order,
-                                                                  int n_tiles)
+                                                                  int n_tiles, int n_i, int G,
+                                                                  int cap)
 {
     __shared__ int start[SORT_BUCKETS], part[SORT_THREADS];
-    const int t = threadIdx.x, per = SORT_BUCKETS / SORT_THREADS;
+    const int t = threadIdx.x, per = SORT_BUCKETS / SORT_THREADS, n_sec = (n_tiles / n_i + G - 1) / G;
     for (int k = t; k < SORT_BUCKETS; k += SORT_THREADS) start[k] = 0;
     __syncthreads();
-    for (int u = t; u < n_tiles; u += SORT_THREADS) atomicAdd(&start[min(count[u], SORT_BUCKETS - 1)], 1);
+    for (int u = t; u < n_tiles; u += SORT_THREADS)
+        atomicAdd(&start[sort_bucket(u, count[u], n_i, G, n_sec, cap)], 1);
     __syncthreads();
-    /* thread t owns the buckets q = SORT_BUCKETS-1 - (per t + k), k < per: the longest first */
+    /* thread t owns the buckets per t .. per t + per - 1 */
     int sum = 0;
-    for (int k = 0; k < per; k++) sum += start[SORT_BUCKETS - 1 - (per * t + k)];
+    for (int k = 0; k < per; k++) sum += start[per * t + k];
     part[t] = sum;
     __syncthreads();
     for (int o = 1; o < SORT_THREADS; o *= 2) {   /* the parts' inclusive scan */
@@ -980,13 +994,13 @@ static __global__ void __launch_bounds__(SORT_THREADS) sort_tiles(const int *cou
     }
     int at = part[t] - sum;
     for (int k = 0; k < per; k++) {
-        const int q = SORT_BUCKETS - 1 - (per * t + k), c = start[q];
-        start[q] = at;
+        const int c = start[per * t + k];
+        start[per * t + k] = at;
         at += c;
     }
     __syncthreads();
     for (int u = t; u < n_tiles; u += SORT_THREADS)
-        order[atomicAdd(&start[min(count[u], SORT_BUCKETS - 1)], 1)] = u;
+        order[atomicAdd(&start[sort_bucket(u, count[u], n_i, G, n_sec, cap)], 1)] = u;
 }
 
 /* The generic address of a shared-memory address (smem_u32's inverse). */
@@ -1802,7 +1816,7 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
             *p, *a, diagonal_band(p), l + 2 * (size_t)n_tiles, l + n_tiles, tl.cap);
         ATTN_LAUNCH_CHECK();
         if (walk) {
-            sort_tiles<<<1, SORT_THREADS, 0, s>>>(l + n_tiles, l, n_tiles);
+            sort_tiles<<<1, SORT_THREADS, 0, s>>>(l + n_tiles, l, n_tiles, n_i, G, tl.cap);
             ATTN_LAUNCH_CHECK();
             tl.order = l;
         }
