@@ -8,8 +8,8 @@
  * - Forward: the producer walks the list and puts each entry beside K_j in shared memory; a
  *   consumer runs the masked step copy only where its rows are cut (step_mask: the band's edges,
  *   N_k, or at d = 64 and 256 a block-mask tile split by a query or key tile). The walking grid
- *   takes an L2 section's tiles longest list first (sort_tiles). An empty list runs one fully masked step:
- *   O = 0, L = -inf.
+ *   takes an L2 section's tiles longest list first (sort_tiles). An empty list runs one fully
+ *   masked step: O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
  *   an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
  *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn).
@@ -18,7 +18,7 @@
  *   FlexAttention per mask, visible-pair TFLOP/s >= 0.9x 10_fa3_backward's dense rate (unmeasured).
  * Memory: as 10_fa3_backward, plus with a block mask the lists in the workspace (an int per
  *   listed tile, at most its key or query range: W-bounded with a window) and, deterministic,
- *   the mask's row prefix sums; 8 bytes more shared memory (the entry slots).
+ *   the mask's row prefix sums; 16 bytes more shared memory (entries, a tile's steps).
  *
  * Run: make build/13_hopper_masks && build/13_hopper_masks --seqlen 8192 --dim 128 --backward \
  *      --mask random:0.25 --check --bench   (or --causal --window 4096; --block-mask F.npy)
