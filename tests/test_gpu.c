@@ -306,7 +306,8 @@ Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
     need_gpu();
     static const struct { const char *name; int flag, d, causal; } cases[] = {
         { "04_backward", 0, 64, 1 }, { "05_tensor_cores", 0, 64, 1 }, { "06_fa2", 1, 64, 1 },
-        { "10_fa3_backward", 1, 64, 1 }, { "10_fa3_backward", 1, 128, 0 }, { "10_fa3_backward", 1, 128, 1 } };
+        { "10_fa3_backward", 1, 64, 1 }, { "10_fa3_backward", 1, 128, 0 }, { "10_fa3_backward", 1, 128, 1 },
+        { "13_hopper_masks", 1, 64, 1 }, { "13_hopper_masks", 1, 128, 0 } };
     int ran = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const attn_stage *st = NULL;
@@ -716,13 +717,27 @@ Test(gpu, hopper_stages_against_oracle, .timeout = 900)
 
 /* ---- masks: the stages that run them (descriptor masks = 1) -------------------------------- */
 
-/* The stages with masks, in ladder order; their number. */
+/* The stages with masks that this GPU runs (a Hopper stage needs compute capability 9.0), in
+ * ladder order; their number. */
 static int masked_stages(const attn_stage **out, int max)
 {
-    int n = 0;
+    int n = 0, dev = 0, major = 0, minor = 0;
+    cr_assert_eq(cudaGetDevice(&dev), cudaSuccess);
+    cr_assert_eq(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+    cr_assert_eq(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), cudaSuccess);
     for (int i = 0; i < attn_nstages && n < max; i++)
-        if (attn_stages[i]->masks) out[n++] = attn_stages[i];
+        if (attn_stages[i]->masks && (attn_stages[i]->min_sm < 90 || 10 * major + minor == 90))
+            out[n++] = attn_stages[i];
     return n;
+}
+
+/* The dense stage a stage with masks is made from: the same tiles in the same order without a
+ * mask, so an all-ones mask gives its bits. */
+static const char *dense_parent(const char *name)
+{
+    if (!strcmp(name, "12_block_sparse")) return "06_fa2";
+    if (!strcmp(name, "13_hopper_masks")) return "10_fa3_backward";
+    return NULL;
 }
 
 /* Host tensors of p with fresh inputs from seed and, when spec is given, the block mask it
@@ -780,6 +795,13 @@ Test(gpu, masks_against_oracle, .timeout = 600)
         { 1, 2, 2, 1500, 1500, 64, 0, 0, 1, 0, "strided:3" },
         { 1, 4, 2, 1000, 1000, 64, 1, 200, 0, 0, "random:0.5" },    /* window AND mask */
         { 1, 2, 2, 1000, 1000, 128, 1, 300, 0, 1, "random:0.6" },   /* deterministic dQ */
+        { 1, 4, 2, 1000, 900, 64, 0, 0, 0, 1, "random:0.5" },      /* deterministic, GQA, not
+                                                                         causal: the turns in
+                                                                         key order */
+        { 1, 24, 8, 1100, 1100, 128, 0, 0, 1, 0, "random:0.3" },   /* 216 query tiles: on 132
+                                                                         SMs a persistent grid
+                                                                         takes them longest list
+                                                                         first from the counter */
         { 1, 2, 1, 17, 1000, 128, 0, 0, 0, 0, "local:128" },
         { 1, 2, 2, 300, 300, 64, 0, 0, 0, 0, "random:0.001" },      /* (almost) all zero */
         { 3, 20, 5, 600, 600, 64, 1, 300, 0, 0, "random:0.6" },     /* 60 heads: on 132 SMs the
@@ -828,6 +850,64 @@ Test(gpu, masks_against_oracle, .timeout = 600)
     cr_assert_eq(failures, 0, "%d masked runs failed", failures);
 }
 
+/* The forward at head dim 256 with masks, where a stage runs it (13_hopper_masks: 80-key tiles,
+ * which straddle two mask columns, so the block mask cuts some tiles in part), against the
+ * oracle; stages that refuse the head dim are skipped. */
+Test(gpu, masks_head_dim_256_forward, .timeout = 300)
+{
+    need_gpu();
+    const attn_stage *st[8];
+    const int ns = masked_stages(st, 8);
+    if (!ns) cr_skip_test("no stage with masks built");
+    static const mcase cases[] = {
+        { 1, 4, 2, 1000, 1000, 256, 0, 0, 0, 0, "random:0.5" },     /* partial tiles, GQA */
+        { 2, 2, 2, 700, 1000, 256, 1, 300, 1, 0, "local:256,global:128" },
+        { 1, 2, 1, 300, 100, 256, 0, 50, 0, 0, NULL },              /* rows 149.. see nothing */
+        { 1, 2, 2, 500, 500, 256, 1, 0, 0, 0, "random:0.001" },     /* (almost) all zero */
+        { 1, 40, 40, 500, 500, 256, 0, 0, 0, 0, "random:0.5" },    /* 160 tiles: persistent */
+    };
+    int failures = 0, ran = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const mcase *mc = &cases[k];
+        attn_problem p = test_problem(mc->B, mc->H, mc->H_kv, mc->N_q, mc->N_k, mc->d, mc->causal);
+        p.window = mc->window;
+        p.dtype = mc->fp16 ? ATTN_FP16 : ATTN_BF16;
+        attn_host in;
+        masked_inputs(&in, &p, mc->mask, test_seed(4300 + k));
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&in, ATTN_FORWARD, NULL, &r), 0);
+        for (int si = 0; si < ns; si++) {
+            attn_host t;
+            attn_run_info info;
+            const attn_run_status rs = run_copy(st[si], &in, ATTN_FORWARD, &t, &info);
+            char shape[256];
+            attn_problem_str(&in.p, st[si]->name, ATTN_FORWARD, shape, sizeof shape);
+            if (rs == ATTN_RUN_REFUSED) {
+                fprintf(stderr, "[INFO] %s: refused: %s\n", shape, info.why);
+            } else if (rs != ATTN_RUN_OK) {
+                fprintf(stderr, "%s mask %s: %s\n", shape, mc->mask ? mc->mask : "-", info.why);
+                failures++;
+            } else {
+                attn_cmp c[5];
+                int nc;
+                ran++;
+                if (compare_all(c, &nc, &t, ATTN_FORWARD, &r, st[si]->name)) {
+                    char what[512];
+                    snprintf(what, sizeof what, "%s mask %s: FAIL against the oracle", shape,
+                             mc->mask ? mc->mask : "-");
+                    print_cmp(what, c, nc);
+                    failures++;
+                }
+            }
+            attn_host_free(&t);
+        }
+        attn_ref_free(&r);
+        attn_host_free(&in);
+    }
+    if (!ran) cr_skip_test("no stage with masks runs head dim 256");
+    cr_assert_eq(failures, 0, "%d masked runs failed", failures);
+}
+
 /* An all-zero mask: every row sees nothing, so O = 0 and L = -inf exactly, and the gradients are
  * 0, whatever the inputs. */
 Test(gpu, all_zero_mask, .timeout = 120)
@@ -861,21 +941,24 @@ Test(gpu, all_zero_mask, .timeout = 120)
 /* A mask of all ones, and a window as wide as the sequence, change nothing: the results are
  * bitwise those of the same stage without them (the lists visit every tile, in order; dQ
  * deterministic, so the backward's bits repeat). With the mask, they are also bitwise those of
- * 06_fa2, the dense stage the block-sparse one is made from: the same tiles in the same order. */
+ * the dense stage the masked one is made from (dense_parent: 06_fa2 for 12_block_sparse,
+ * 10_fa3_backward for 13_hopper_masks): the same tiles in the same order. */
 Test(gpu, all_ones_mask_is_dense, .timeout = 300)
 {
     need_gpu();
-    const attn_stage *st[8], *dense = NULL;
+    const attn_stage *st[8];
     const int ns = masked_stages(st, 8);
     if (!ns) cr_skip_test("no stage with masks built");
-    for (int i = 0; i < attn_nstages; i++)
-        if (!strcmp(attn_stages[i]->name, "06_fa2")) dense = attn_stages[i];
     static const struct { int H, H_kv, N, d, causal; } shapes[] = {
         { 4, 2, 1000, 128, 1 }, { 2, 2, 300, 128, 0 }, { 2, 2, 255, 64, 0 }, { 2, 1, 4097, 64, 1 },
         { 60, 15, 600, 64, 0 } };   /* two sections of the forward's order (on 132 SMs) */
     for (int si = 0; si < ns; si++)
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
             for (int how = 0; how < 2; how++) {   /* all-ones mask, full-width window */
+                const attn_stage *dense = NULL;
+                for (int i = 0; i < attn_nstages; i++)
+                    if (dense_parent(st[si]->name) && !strcmp(attn_stages[i]->name, dense_parent(st[si]->name)))
+                        dense = attn_stages[i];
                 attn_problem p = test_problem(1, shapes[k].H, shapes[k].H_kv, shapes[k].N, shapes[k].N,
                                               shapes[k].d, shapes[k].causal);
                 p.deterministic = 1;
@@ -896,16 +979,16 @@ Test(gpu, all_ones_mask_is_dense, .timeout = 300)
                 cr_assert_eq(memcmp(plain.dq, masked.dq, attn_numel_q(&p) * 2), 0, "%s %s: dQ differs", st[si]->name, what);
                 cr_assert_eq(memcmp(plain.dk, masked.dk, attn_numel_kv(&p) * 2), 0, "%s %s: dK differs", st[si]->name, what);
                 cr_assert_eq(memcmp(plain.dv, masked.dv, attn_numel_kv(&p) * 2), 0, "%s %s: dV differs", st[si]->name, what);
-                if (dense && how == 0) {   /* 06_fa2 on the same inputs without the mask */
+                if (dense && how == 0) {   /* the dense parent on the same inputs without the mask */
                     attn_host d6, src = in;
                     src.p = p;
                     src.block_mask = NULL;
                     cr_assert_eq(run_copy(dense, &src, ATTN_BACKWARD, &d6, &info), ATTN_RUN_OK, "%s", info.why);
-                    cr_assert_eq(memcmp(d6.o, masked.o, attn_numel_q(&p) * 2), 0, "%s all-ones mask: O differs from 06_fa2's", st[si]->name);
-                    cr_assert_eq(memcmp(d6.lse, masked.lse, attn_numel_lse(&p) * 4), 0, "%s all-ones mask: L differs from 06_fa2's", st[si]->name);
-                    cr_assert_eq(memcmp(d6.dq, masked.dq, attn_numel_q(&p) * 2), 0, "%s all-ones mask: dQ differs from 06_fa2's", st[si]->name);
-                    cr_assert_eq(memcmp(d6.dk, masked.dk, attn_numel_kv(&p) * 2), 0, "%s all-ones mask: dK differs from 06_fa2's", st[si]->name);
-                    cr_assert_eq(memcmp(d6.dv, masked.dv, attn_numel_kv(&p) * 2), 0, "%s all-ones mask: dV differs from 06_fa2's", st[si]->name);
+                    cr_assert_eq(memcmp(d6.o, masked.o, attn_numel_q(&p) * 2), 0, "%s all-ones mask: O differs from %s's", st[si]->name, dense->name);
+                    cr_assert_eq(memcmp(d6.lse, masked.lse, attn_numel_lse(&p) * 4), 0, "%s all-ones mask: L differs from %s's", st[si]->name, dense->name);
+                    cr_assert_eq(memcmp(d6.dq, masked.dq, attn_numel_q(&p) * 2), 0, "%s all-ones mask: dQ differs from %s's", st[si]->name, dense->name);
+                    cr_assert_eq(memcmp(d6.dk, masked.dk, attn_numel_kv(&p) * 2), 0, "%s all-ones mask: dK differs from %s's", st[si]->name, dense->name);
+                    cr_assert_eq(memcmp(d6.dv, masked.dv, attn_numel_kv(&p) * 2), 0, "%s all-ones mask: dV differs from %s's", st[si]->name, dense->name);
                     attn_host_free(&d6);
                 }
                 attn_host_free(&plain);
