@@ -33,6 +33,14 @@
 #      block_mask.npy) and handed to the anchor, every pattern to one python process (torch is
 #      imported and set up once; --pattern).
 #                                                       -> plots/results/<gpu>-masks.csv
+#   5. The Hopper part (PART=hopper, which make bench runs after the others): the sweep's
+#      protocol on the Hopper stages, stage 6 and the anchors at d = 64, 128 and 256,
+#      N = 2048 ... 16384, plus the e4m3 forward (FP8=1, the default there): every program
+#      that runs --dtype e4m3 (asked with one tiny call: runs_e4m3), forward only, on the same
+#      shapes, rows with dtype e4m3 (a head dim the stage lacks gets its refused rows, as any
+#      refusal), and cuDNN's fp8 attention (the anchor cudnn_fp8, plots/anchors.py; forward,
+#      e4m3) on the same shapes. A program that runs e4m3 only (an fp8 stage) gets no bf16
+#      points in any part.                             -> plots/results/<gpu>-hopper.csv
 # Correctness is the tests' job: no --check here.
 #
 # Usage:
@@ -49,12 +57,16 @@
 #
 # Environment (all optional):
 #   STAGES     programs under build/ to run, e.g. "03_tiled 06_fa2 cublas"; "torch" adds the
-#              three anchors, "torch_flash" / "torch_cudnn" / "torch_flex" one (torch_flex is
-#              measured in the masks part only, the other two in the sweep and the long
-#              context only).                                      default: all built + torch
+#              four anchors, "torch_flash" / "torch_cudnn" / "torch_flex" / "cudnn_fp8" one
+#              (torch_flex is measured in the masks part only, cudnn_fp8 in the sweep with
+#              FP8=1 only, the other two in the sweep and the long context only).
+#                                                                  default: all built + torch
 #   NS DIMS CAUSALS    sweep subset            default: "512 ... 16384", "64 128", "0 1"
 #   DIRS       "forward backward" or one of them (every part)      default: both
 #   SWEEP=0    skip the sweep;  LONG=0  skip the long-context wall;  MASKS=0  skip the masks
+#   FP8=0|1    1: the sweep also times the e4m3 forward of the programs that run it, and
+#              cudnn_fp8 on its shapes (only plots/hopper_tables.sh has e4m3 tables: outside
+#              the Hopper part it is for a look)     default: 1 with PART=hopper, else 0
 #   LONG_NS    the long context's N list                 default: "8192 16384 ... 1048576"
 #   LONG_CAUSALS  its dense series: 0 non-causal, 1 causal            default: "0 1"
 #   LONG_WINDOW   W of its sliding-window series (--causal --window W; stages with masks);
@@ -114,37 +126,40 @@ summary() {
 # summary_sweep CSV: the sweep's tables
 summary_sweep() {
     echo
-    echo "TFLOP/s at N=$SUMMARY_N (bf16; '-' none or skipped; R refused; F failed): $1"
-    awk -F, -v n="$SUMMARY_N" '
+    echo "TFLOP/s at N=$SUMMARY_N (bf16; \"STAGE e4m3\": its e4m3 rows; '-' none or skipped; R refused; F failed): $1"
+    # the columns: d = 64 and 128, and 256 where the file has it (the Hopper part)
+    cols="fwd d64,fwd d64 c,fwd d128,fwd d128 c"
+    awk -F, 'FNR > 1 && $10 == 256 { f = 1; exit } END { exit !f }' "$1" && cols="$cols,fwd d256,fwd d256 c"
+    cols="$cols,$(echo "$cols" | sed 's/fwd/bwd/g')"
+    awk -F, -v n="$SUMMARY_N" -v cols="$cols" '
         FNR == 1 || $10 == 0 { next }                     # header; the GEMM ceiling row
         $8 == n && $15 != "skipped" {                     # skipped: past the time budget
             c = $3 == "forward" ? "fwd" : "bwd"
             col = c " d" $10 ($11 == 1 ? " c" : "")
             v = $15 == "ok" ? sprintf("%.1f", $13) : ($15 == "refused" ? "R" : "F")
-            cell[$2, col] = v; stages[$2] = 1
+            s = $2 ($4 == "bf16" ? "" : " " $4)           # a stage may run both dtypes
+            cell[s, col] = v; stages[s] = 1
         }
         END {
-            ncol = split("fwd d64,fwd d64 c,fwd d128,fwd d128 c,bwd d64,bwd d64 c,bwd d128,bwd d128 c", cols, ",")
+            ncol = split(cols, cl, ",")
             for (s in stages) {
-                line = sprintf("%-14s", s)
+                line = sprintf("%-18s", s)
                 for (i = 1; i <= ncol; i++)
-                    line = line sprintf(" %10s", ((s, cols[i]) in cell) ? cell[s, cols[i]] : "-")
+                    line = line sprintf(" %10s", ((s, cl[i]) in cell) ? cell[s, cl[i]] : "-")
                 print line
             }
         }' "$1" > "$WORK/summary.txt"
-    printf '%-14s' stage
-    for c in "fwd d64" "fwd d64 c" "fwd d128" "fwd d128 c" "bwd d64" "bwd d64 c" "bwd d128" "bwd d128 c"; do
-        printf ' %10s' "$c"
-    done
+    printf '%-18s' stage
+    echo "$cols" | tr ',' '\n' | while IFS= read -r c; do printf ' %10s' "$c"; done
     echo "   (c = causal)"
     sort "$WORK/summary.txt"
 
     rs=${RATIO_STAGE:-06_fa2}
     if grep -q ",$rs," "$1" && grep -q ',torch_flash,' "$1"; then
         echo
-        echo "$rs / torch_flash (TFLOP/s ratio) per shape:"
+        echo "$rs / torch_flash (TFLOP/s ratio, bf16) per shape:"
         awk -F, -v rs="$rs" '
-            FNR == 1 || $15 != "ok" || $10 == 0 { next }
+            FNR == 1 || $15 != "ok" || $10 == 0 || $4 != "bf16" { next }
             $2 == rs || $2 == "torch_flash" {
                 k = sprintf("%-8s d=%-3s causal=%s", $3, $10, $11)
                 t[$2, k, $8] = $13; shapes[k] = 1; ns[$8] = 1
@@ -222,7 +237,7 @@ if [ "${1:-}" = --summary ]; then
     csv=${2:-}
     if [ -z "$csv" ]; then
         for f in plots/results/*.csv; do
-            case $f in *-long.csv | *-masks.csv | *-bytes.csv) ;; *) [ -f "$f" ] && csv=$f && break ;; esac
+            case $f in *-long.csv | *-masks.csv | *-bytes.csv | *-hopper.csv | *-ablation.csv) ;; *) [ -f "$f" ] && csv=$f && break ;; esac
         done
     fi
     if [ -z "$csv" ] || [ ! -f "$csv" ]; then echo "bench: no CSV to summarise" >&2; exit 2; fi
@@ -235,7 +250,7 @@ fi
 
 # PART=hopper: the Hopper stages beside the anchors and stage 6 (the fastest mma.sync backward)
 # at d = 64, 128 and 256, forward and backward (STAGES: the Makefile passes them and torch), one run into <gpu>-hopper.csv (plots/hopper_tables.sh reads
-# it); the sweep's, long-context and masks files are left as they are.
+# it), with the e4m3 forward (FP8=1); the sweep's, long-context and masks files are left as they are.
 case ${PART:-} in
     ""|hopper) ;;
     sweep) SWEEP=1 LONG=0 MASKS=0 ;;
@@ -245,7 +260,7 @@ case ${PART:-} in
 esac
 if [ "${PART:-}" = hopper ]; then
     DIMS=${DIMS:-"64 128 256"} NS=${NS:-"2048 4096 8192 16384"} DIRS=${DIRS:-"forward backward"}
-    SWEEP=1 LONG=0 MASKS=0 MERGE=0
+    SWEEP=1 LONG=0 MASKS=0 MERGE=0 FP8=${FP8:-1}
     BENCH_CSV=${BENCH_CSV:-}
     PART_SUFFIX=-hopper PART_NAME=hopper
 fi
@@ -271,6 +286,7 @@ MASKS_N=${MASKS_N:-8192}
 SWEEP=${SWEEP:-1}
 LONG=${LONG:-1}
 MASKS=${MASKS:-1}
+FP8=${FP8:-0}
 SEED=${SEED:-1}
 POINT_TIMEOUT=${POINT_TIMEOUT:-300}
 SWEEP_MAX_CALL_S=${SWEEP_MAX_CALL_S:-2}
@@ -292,6 +308,9 @@ LONG_CSV=${BENCH_LONG_CSV:-$RESULTS_DIR/$GPU_TAG-long.csv}
 MASKS_CSV=${BENCH_MASKS_CSV:-$RESULTS_DIR/$GPU_TAG-masks.csv}
 mkdir -p "$(dirname "$CSV")" "$(dirname "$LONG_CSV")" "$(dirname "$MASKS_CSV")" || exit 2
 
+# in_words W WORD...: whether W is one of the WORDs
+in_words() { iw=$1; shift; for w in "$@"; do [ "$w" = "$iw" ] && return 0; done; return 1; }
+
 # The programs to run, in ladder order, and which anchors.
 programs=
 anchors=
@@ -301,12 +320,13 @@ if [ -z "${STAGES:-}" ]; then
         [ -f "$f" ] && [ -x "$f" ] && programs="$programs ${f##*/}"
     done
     [ -x "$BUILD_DIR/cublas" ] && programs="$programs cublas"
-    anchors="flash cudnn flex"
+    anchors="flash cudnn flex cudnn_fp8"
 else
     for s in $STAGES; do
         case $s in
-            torch) anchors="flash cudnn flex" ;;
+            torch) anchors="flash cudnn flex cudnn_fp8" ;;
             torch_flash | torch_cudnn | torch_flex) anchors="$anchors ${s#torch_}" ;;
+            cudnn_fp8) anchors="$anchors cudnn_fp8" ;;
             *)  if [ -x "$BUILD_DIR/$s" ]; then programs="$programs $s"
                 else echo "bench: $BUILD_DIR/$s is not built; skipped (make $BUILD_DIR/$s)"; fi ;;
         esac
@@ -314,13 +334,26 @@ else
 fi
 case ${ANCHORS:-} in
     0) anchors= ;;
-    1) [ -n "$anchors" ] || anchors="flash cudnn flex" ;;
+    1) [ -n "$anchors" ] || anchors="flash cudnn flex cudnn_fp8" ;;
+esac
+# cudnn_fp8 is the anchor of the e4m3 rows: without them (FP8=0, or no forward) it has nothing
+# to stand beside
+case " $anchors " in
+    *" cudnn_fp8 "*)
+        if [ "$FP8" != 1 ] || [ "$SWEEP" = 0 ] || ! in_words forward $DIRS; then
+            case " ${STAGES:-} " in
+                *" cudnn_fp8 "*) echo "bench: cudnn_fp8 not run: it times the e4m3 forward of the sweep (FP8=1, SWEEP=1, DIRS with forward; PART=hopper has them)" ;;
+            esac
+            anchors=$(for a in $anchors; do [ "$a" = cudnn_fp8 ] || printf '%s ' "$a"; done)
+            anchors=${anchors% }
+        fi ;;
 esac
 [ -n "$programs$anchors" ] || { echo "bench: nothing to run (no build/NN_* programs: run make)" >&2; exit 2; }
-# SDPA's backends time the sweep and the long context; FlexAttention the masks
-sdpa_anchors= flex_anchor=
+# SDPA's backends time the sweep and the long context; FlexAttention the masks; cuDNN's fp8
+# attention the sweep's e4m3 forward
+sdpa_anchors= flex_anchor= fp8_anchor=
 for a in $anchors; do
-    case $a in flex) flex_anchor=flex ;; *) sdpa_anchors="$sdpa_anchors $a" ;; esac
+    case $a in flex) flex_anchor=flex ;; cudnn_fp8) fp8_anchor=cudnn_fp8 ;; *) sdpa_anchors="$sdpa_anchors $a" ;; esac
 done
 sdpa_anchors=${sdpa_anchors# }
 
@@ -336,8 +369,11 @@ else
     with_timeout() { shift; "$@"; }
 fi
 
+# The dtype of the points run_point and over_budget write: bf16 but for the sweep's e4m3 ones.
+point_dtype=bf16
+
 # run_point CSV STAGE DIRECTION B H N D CAUSAL PREFIX [FLAG...]: runs one program on one
-# shape, with the extra FLAGs (--window W, --mask P, --save DIR), makes sure the CSV got its
+# shape (dtype point_dtype), with the extra FLAGs (--window W, --mask P, --save DIR), makes sure the CSV got its
 # row (a crash or a timeout writes none, so we add a failed one whose note starts with
 # PREFIX, the mask fields the program would have written: "window=W; "), prints the outcome
 # and sets POINT_STATUS to ok, refused or failed.
@@ -345,7 +381,7 @@ run_point() {
     rp_csv=$1 rp_stage=$2 rp_dir=$3 rp_b=$4 rp_h=$5 rp_n=$6 rp_d=$7 rp_causal=$8 rp_prefix=$9
     shift 9
     set -- "$BUILD_DIR/$rp_stage" --batch "$rp_b" --heads "$rp_h" --kv-heads "$rp_h" \
-        --seqlen "$rp_n" --dim "$rp_d" --dtype bf16 --bench --seed "$SEED" --csv "$rp_csv" "$@"
+        --seqlen "$rp_n" --dim "$rp_d" --dtype "$point_dtype" --bench --seed "$SEED" --csv "$rp_csv" "$@"
     [ "$rp_causal" = 1 ] && set -- "$@" --causal
     [ "$rp_dir" = backward ] && set -- "$@" --backward
     rp_before=$(count_lines "$rp_csv")
@@ -355,7 +391,7 @@ run_point() {
         if [ "$rp_rc" = 124 ]; then rp_note="timed out after $POINT_TIMEOUT s"
         else rp_note="exit code $rp_rc without a row"; fi
         [ -s "$rp_csv" ] || echo "$HEADER" > "$rp_csv"
-        echo "$GPU_TAG,$rp_stage,$rp_dir,bf16,$rp_b,$rp_h,$rp_h,$rp_n,$rp_n,$rp_d,$rp_causal,,,,failed,$rp_prefix$rp_note" >> "$rp_csv"
+        echo "$GPU_TAG,$rp_stage,$rp_dir,$point_dtype,$rp_b,$rp_h,$rp_h,$rp_n,$rp_n,$rp_d,$rp_causal,,,,failed,$rp_prefix$rp_note" >> "$rp_csv"
     fi
     POINT_STATUS=$(tail -n 1 "$rp_csv" | awk -F, '{ print $15 }')
     tail -n 1 "$rp_csv" | awk -F, '
@@ -379,7 +415,7 @@ over_budget() {
     # seconds: whole ones from 10 s, tenths below (a prediction just past a cap of a few s)
     ob_pred=$(awk -v ms="$ob_ms" -v g="$ob_growth" 'BEGIN { p = g * ms / 1000; printf (p < 10 ? "%.1f" : "%.0f"), p }')
     echo "skipped: predicted $ob_pred s a call > $ob_name = $ob_cap s"
-    echo "$GPU_TAG,$2,$3,bf16,$4,$5,$5,$6,$6,$7,$8,,,,skipped,$9predicted $ob_pred s a call (${ob_growth}x N/2's) > the bench's $ob_name = $ob_cap s" >> "$1"
+    echo "$GPU_TAG,$2,$3,$point_dtype,$4,$5,$5,$6,$6,$7,$8,,,,skipped,$9predicted $ob_pred s a call (${ob_growth}x N/2's) > the bench's $ob_name = $ob_cap s" >> "$1"
 }
 
 # start_csv FILE [RUN]: the .part file this run collects its rows in; RUN: the line its
@@ -420,8 +456,8 @@ finish_csv() {
     fi
 }
 
-# run_anchors CSV BACKENDS ARGS...: plots/anchors.py for BACKENDS (flash cudnn flex, any of
-# them; none: nothing) if torch sees a GPU, else says why not.
+# run_anchors CSV BACKENDS ARGS...: plots/anchors.py for BACKENDS (flash cudnn flex cudnn_fp8,
+# any of them; none: nothing) if torch sees a GPU, else says why not.
 torch_why=
 run_anchors() {
     out=$1 backends=$(echo $2 | tr ' ' ',')
@@ -432,7 +468,7 @@ run_anchors() {
         [ $? -eq 0 ] && torch_why=ok || torch_why=${torch_why:-python3 not found}
     fi
     if [ "$torch_why" != ok ]; then
-        echo "bench: anchors skipped: $(printf '%s' "$torch_why" | tail -n 1)"
+        echo "bench: anchors skipped ($backends): $(printf '%s' "$torch_why" | tail -n 1)"
         return 0
     fi
     PYTHONUNBUFFERED=1 python3 plots/anchors.py --csv "$out" --backends "$backends" \
@@ -453,12 +489,46 @@ mask_programs=   # the programs with masks, once asked (mask_programs_probe)
 mask_programs_probe() {
     [ -z "$mask_programs" ] || return 0
     mask_programs=" "
-    for s in $programs; do
+    for s in $programs16; do
         if accepts_masks "$s"; then mask_programs="$mask_programs$s "
         else echo "bench: $s has no masks (a dense stage): no windowed or block-masked runs of it"; fi
     done
 }
 has_masks() { mask_programs_probe; case $mask_programs in *" $1 "*) return 0 ;; esac; return 1; }
+
+# runs_e4m3 STAGE: whether the program runs --dtype e4m3. A stage without an fp8 forward (and
+# cuBLAS) refuses it before any GPU work, with one line ending "a 16-bit stage" and exit 2
+# (common/cli.c; a program older than e4m3: "unknown dtype"); one with it runs the tiny call.
+# Anything else counts as yes: a call that fails is the bench's to record, not to hide.
+runs_e4m3() {
+    re_out=$(with_timeout "$POINT_TIMEOUT" "$BUILD_DIR/$1" --batch 1 --heads 1 --seqlen 128 --dim 128 \
+        --dtype e4m3 2>&1 >/dev/null)
+    [ $? = 2 ] || return 0
+    case $re_out in *"a 16-bit stage"* | *"unknown dtype"*) return 1 ;; esac
+    return 0
+}
+# runs_bf16 STAGE: whether a program that runs e4m3 also runs bf16; an fp8 stage refuses it
+# before any GPU work, with one line ending "an fp8 stage" and exit 2 (common/cli.c)
+runs_bf16() {
+    re_out=$(with_timeout "$POINT_TIMEOUT" "$BUILD_DIR/$1" --batch 1 --heads 1 --seqlen 128 --dim 128 \
+        --dtype bf16 2>&1 >/dev/null)
+    [ $? = 2 ] || return 0
+    case $re_out in *"an fp8 stage"*) return 1 ;; esac
+    return 0
+}
+# dtype_probe: the programs by dtype, in ladder order: programs16, those that run bf16 (every
+# part's points), and fp8_programs, those that run e4m3 (the sweep's e4m3 forward, FP8=1). An
+# fp8 stage in programs16 would only add a refused row for each bf16 point.
+dtype_probe() {
+    programs16= fp8_programs=
+    for s in $programs; do
+        if ! runs_e4m3 "$s"; then programs16="$programs16 $s"; continue; fi
+        fp8_programs="$fp8_programs $s"
+        if runs_bf16 "$s"; then programs16="$programs16 $s"
+        else echo "bench: $s runs e4m3 only (an fp8 stage): no bf16 points of it$([ "$FP8" = 1 ] || echo "; its e4m3 forward: FP8=1")"; fi
+    done
+    programs16=${programs16# } fp8_programs=${fp8_programs# }
+}
 
 # pattern_args PATTERN: a pattern of MASK_PATTERNS as the program's flags. Sets PA_CAUSAL (0 or
 # 1), PA_FLAGS (--window W or --mask P), PA_PREFIX (the note's mask fields, as common/cli.c
@@ -495,6 +565,11 @@ reverse_words() { r=; for w in "$@"; do r="$w${r:+ $r}"; done; echo "$r"; }
 # 1. The sweep.
 
 echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; merge=$MERGE"
+dtype_probe
+# the sweep's e4m3 forward: the programs that run e4m3, with FP8=1 and the forward asked for
+sweep_fp8=
+if [ "$FP8" = 1 ] && in_words forward $DIRS; then sweep_fp8=$fp8_programs; fi
+[ "$FP8" != 1 ] || [ -n "$sweep_fp8" ] || echo "bench: FP8=1, but no e4m3 points: no program runs e4m3 (or DIRS has no forward)"
 # what this run measures, for the .runs file of each CSV it writes (see finish_csv): the sweep's
 # and the long context's line (their anchors: SDPA's), and the masks' (its anchor: flex);
 # "clock settled": timed by the settling protocol (common/runner.c; runs before 2026-12-01
@@ -502,18 +577,30 @@ echo "bench: $GPU_NAME; programs:${programs:- none}; anchors: ${anchors:-none}; 
 RUN_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
 BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 RUN_DATE="$RUN_DATE; $GPU_NAME; commit ${BENCH_COMMIT:-unknown}"
-RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${sdpa_anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS; clock settled"
+e4m3_line=
+[ -z "$sweep_fp8$fp8_anchor" ] || e4m3_line="; e4m3 forward ${sweep_fp8:-none}, anchor ${fp8_anchor:-none}"
+RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${sdpa_anchors:-none}; dirs $DIRS; sweep d $DIMS, causal $CAUSALS; N $NS$e4m3_line; clock settled"
 long_causals=$(echo $LONG_CAUSALS)   # words only; blank: the window series alone
 LONG_RUN_LINE="$RUN_LINE; long causal ${long_causals:-none (the window series only)}, window $LONG_WINDOW; long N $LONG_NS"
 MASKS_RUN_LINE="$RUN_DATE: programs${programs:- none}; anchors ${flex_anchor:-none}; dirs $DIRS; masks $MASK_PATTERNS; N $MASKS_N, B $MASKS_B, H $MASKS_H, d $MASKS_D; clock settled"
 if [ "$SWEEP" != 0 ]; then
     start_csv "$CSV"; part_start
-    total=$(( $(count_words $programs) * $(count_words $DIRS) * $(count_words $DIMS) *
-              $(count_words $CAUSALS) * $(count_words $NS) ))
-    i=0
+    # the series, "stage:dtype" in ladder order: each program's bf16 points (every direction),
+    # then its e4m3 ones (the forward only: common/cli.c refuses --backward with e4m3)
+    series=
     for stage in $programs; do
+        in_words "$stage" $programs16 && series="$series $stage:bf16"
+        in_words "$stage" $sweep_fp8 && series="$series $stage:e4m3"
+    done
+    total=$(( ($(count_words $programs16) * $(count_words $DIRS) + $(count_words $sweep_fp8)) *
+              $(count_words $DIMS) * $(count_words $CAUSALS) * $(count_words $NS) ))
+    i=0
+    for ser in $series; do
+        stage=${ser%:*} point_dtype=${ser#*:}
+        dirs=$DIRS what=$stage
+        [ "$point_dtype" = bf16 ] || dirs=forward what="$stage $point_dtype"
         no_backward=
-        for dir in $DIRS; do
+        for dir in $dirs; do
             for dim in $DIMS; do
                 for causal in $CAUSALS; do
                     stopped=
@@ -523,7 +610,7 @@ if [ "$SWEEP" != 0 ]; then
                         if [ -n "$stopped" ]; then continue; fi
                         b=$((TOKENS / n)) h=$((HIDDEN / dim))
                         printf '%s %s %s d=%s N=%s causal=%s ... ' \
-                            "$(progress "${PART_NAME:-sweep}" "$i" "$total")" "$stage" "$dir" "$dim" "$n" "$causal"
+                            "$(progress "${PART_NAME:-sweep}" "$i" "$total")" "$what" "$dir" "$dim" "$n" "$causal"
                         # A stage without a backward pass says so once; its other backward
                         # points get the same refused row without paying for a run each.
                         if [ "$dir" = backward ] && [ -n "$no_backward" ]; then
@@ -536,7 +623,7 @@ if [ "$SWEEP" != 0 ]; then
                         if over_budget "$CSV.part" "$stage" "$dir" "$b" "$h" "$n" "$dim" "$causal" "" \
                                 "$last_ms" 2 SWEEP_MAX_CALL_S "$SWEEP_MAX_CALL_S"; then
                             stopped=1
-                            echo "    (larger N skipped for $stage $dir d=$dim causal=$causal)"
+                            echo "    (larger N skipped for $what $dir d=$dim causal=$causal)"
                             continue
                         fi
                         run_point "$CSV.part" "$stage" "$dir" "$b" "$h" "$n" "$dim" "$causal" ""
@@ -550,7 +637,12 @@ if [ "$SWEEP" != 0 ]; then
             done
         done
     done
+    point_dtype=bf16
     run_anchors "$CSV.part" "$sdpa_anchors" --shapes sweep --ns "$NS" --dims "$DIMS" --causal "$CAUSALS" --gemm
+    # cuDNN's fp8 attention on the e4m3 points' shapes, forward only (a process of its own:
+    # anchors.py refuses cudnn_fp8 with a backward; the later --dirs wins over run_anchors')
+    [ -z "$fp8_anchor" ] ||
+        run_anchors "$CSV.part" "$fp8_anchor" --shapes sweep --ns "$NS" --dims "$DIMS" --causal "$CAUSALS" --dirs forward
     finish_csv "$CSV"
 fi
 
@@ -565,15 +657,15 @@ if [ "$LONG" != 0 ]; then
     for c in $LONG_CAUSALS; do series="$series $c:0"; done
     [ "${LONG_WINDOW:-0}" -gt 0 ] 2>/dev/null && series="$series 1:$LONG_WINDOW" && mask_programs_probe
     nwin=0
-    for s in $programs; do case $mask_programs in *" $s "*) nwin=$((nwin + 1)) ;; esac; done
-    total=$(( $(count_words $programs) * $(count_words $LONG_CAUSALS) * $(count_words $DIRS) *
+    for s in $programs16; do case $mask_programs in *" $s "*) nwin=$((nwin + 1)) ;; esac; done
+    total=$(( $(count_words $programs16) * $(count_words $LONG_CAUSALS) * $(count_words $DIRS) *
               $(count_words $LONG_NS) ))
     [ "${LONG_WINDOW:-0}" -gt 0 ] 2>/dev/null &&
         total=$((total + nwin * $(count_words $DIRS) * $(count_words $LONG_WINDOW_NS)))
     i=0
     # Latest stages first: they are the fast ones, so a command cut short by a time limit
     # loses the slow naive points, not the linear-memory ones the wall is about.
-    for stage in $(reverse_words $programs); do
+    for stage in $(reverse_words $programs16); do
         for ser in $series; do
             causal=${ser%%:*} win=${ser#*:}
             if [ "$win" -gt 0 ]; then
@@ -638,12 +730,12 @@ if [ "$MASKS" != 0 ]; then
     # the stages with masks, and MASKS_REF (the dense stage they are compared with): the
     # masks part measures nothing of the other dense stages
     nwin=0 ndense=0
-    for s in $programs; do
+    for s in $programs16; do
         case $mask_programs in *" $s "*) nwin=$((nwin + 1)) ;; *) [ "$s" != "$MASKS_REF" ] || ndense=1 ;; esac
     done
     total=$(( ((nwin + ndense) * (npat - nmasked) + nwin * nmasked) * $(count_words $DIRS) ))
     i=0
-    for stage in $programs; do
+    for stage in $programs16; do
         has_masks "$stage" || [ "$stage" = "$MASKS_REF" ] || continue
         for dir in $DIRS; do
             for pat in $MASK_PATTERNS; do

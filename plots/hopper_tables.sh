@@ -10,10 +10,14 @@
 #                                                line `<!-- hopper: SPEC -->` and `<!-- hopper:end -->`
 # SPEC is one of (the first two with " backward" at the end: the backward's rows)
 #   STAGE vs OTHER     TFLOP/s of STAGE per N (rows) and head dim, causal or not (columns), each
-#                      cell followed by STAGE / OTHER on that shape: "620 (1.19×)"
-#   N=n                TFLOP/s of every stage and anchor of the CSV at N = n (rows), columns as above
+#                      cell followed by STAGE / OTHER on that shape: "620 (1.19×)". Where
+#                      OTHER has no timed row at all (an anchor that did not run), the caption
+#                      gives the reason its first row has. Either side may name a dtype,
+#                      "STAGE e4m3 vs OTHER bf16" (default bf16): the rows of that dtype only
+#   N=n                TFLOP/s of every stage and anchor of the CSV at N = n (rows), columns as
+#                      above; "N=n e4m3": the e4m3 rows (default bf16)
 #   step N=n           the training step (forward + backward) of every stage and anchor with both
-#                      at N = n: milliseconds and TFLOP/s (both directions' FLOPs over the summed
+#                      at N = n (bf16): milliseconds and TFLOP/s (both directions' FLOPs over the summed
 #                      time), per head dim, causal or not, and the ratio of the time to OTHER's
 #                      ("step N=n vs OTHER")
 #   ablation STAGE     TFLOP/s of STAGE as it is and of each build with one idea out (rows), per
@@ -21,7 +25,10 @@
 #                      to the stage as it is
 # Each table is followed by its caption, two italic lines with a blank line between them: what
 # the cells are, then the run's date, GPU and commit (the CSV's .runs line), the file and this
-# script. Environment: GPU (the <gpu> tag; default: the one with a hopper CSV).
+# script. A spec with no rows of its STAGE (the e4m3 tables before an e4m3 run) prints one line,
+# "No measurements yet: ...". Environment: GPU (the <gpu> tag; default: the one with a hopper
+# CSV); RESULTS_HOPPER_CSV, RESULTS_ABLATION_CSV: other files (default
+# plots/results/<gpu>-hopper.csv and -ablation.csv; plots/plots.sh passes the first).
 set -u
 HERE=$(pwd)
 cd "$(dirname "$0")/.." || exit 2
@@ -29,8 +36,15 @@ R=plots/results
 if [ -z "${GPU:-}" ]; then
     GPU=$(ls $R/*-hopper.csv 2>/dev/null | head -n 1 | sed 's|.*/||; s|-hopper.csv$||')
 fi
-HOPPER=$R/$GPU-hopper.csv
-ABLATION=$R/$GPU-ablation.csv
+HOPPER=${RESULTS_HOPPER_CSV:-$R/$GPU-hopper.csv}
+ABLATION=${RESULTS_ABLATION_CSV:-$R/$GPU-ablation.csv}
+
+# the words a caption gives a dtype: what is e4m3 in an e4m3 row is Q, K and V (common/cli.c)
+DTYPE_AWK='function dtn(t) { return t == "e4m3" ? "e4m3 Q, K, V" : t }'
+
+# dtype_of SIDE, stage_of SIDE: "STAGE [DTYPE]" of a spec, the dtype bf16 unless named
+dtype_of() { case $1 in *" "*) echo "${1#* }" ;; *) echo bf16 ;; esac; }
+stage_of() { echo "${1%% *}"; }
 
 # run_of CSV: "date, GPU, commit" of the CSV's one run (its .runs line up to the first ':'
 # after the time), or nothing
@@ -54,7 +68,7 @@ table() {
         step\ N=*)
             rest=${spec#step N=}
             awk -F, -v n="${rest%% vs *}" -v ref="$(case $rest in *" vs "*) echo "${rest#* vs }" ;; esac)" -v src="$src" '
-                NR == 1 || $15 != "ok" || $8 != n || $10 == 0 { next }
+                NR == 1 || $15 != "ok" || $8 != n || $10 == 0 || $4 != "bf16" { next }
                 {
                     if (!($2 in seen)) { seen[$2] = 1; order[++m] = $2 }
                     k = $2 SUBSEP $10 SUBSEP $11
@@ -78,31 +92,62 @@ table() {
                     printf "\n*The training step at N = %s: forward + backward milliseconds, and TFLOP/s of both directions%s; bf16, B = 16384/N, H = 2048/d, causal counting the visible half.*\n\n*%s*\n", n, ref != "" ? " (in brackets: " ref "'"'"'s time over the stage'"'"'s)" : "", src
                 }' "$csv" ;;
         *" vs "*)
-            awk -F, -v a="${spec%% vs *}" -v b="${spec#* vs }" -v src="$src" -v dir="$dir" '
-                NR == 1 || $15 != "ok" || $3 != dir { next }
-                { k = $8 SUBSEP $10 SUBSEP $11; t[$2, k] = $13; ns[$8] = 1 }
+            sa=${spec%% vs *} sb=${spec#* vs }
+            awk -F, -v a="$(stage_of "$sa")" -v adt="$(dtype_of "$sa")" -v b="$(stage_of "$sb")" \
+                -v bdt="$(dtype_of "$sb")" -v src="$src" -v dir="$dir" -v csv="$csv" "$DTYPE_AWK"'
+                NR == 1 || $3 != dir { next }
+                { s = ($2 == a && $4 == adt) ? "a" : ($2 == b && $4 == bdt) ? "b" : ""; if (s == "") next }
+                s == "a" { rows = 1 }
+                $15 != "ok" {                      # why a side has no number: its first reason, and that of each shape
+                    r = $15 ": " $16; gsub(/`/, "'"'"'", r)
+                    if (!(s in why)) why[s] = r
+                    why[s, $8, $10, $11] = r
+                    next
+                }
+                { k = $8 SUBSEP $10 SUBSEP $11; t[s, k] = $13; ns[$8] = 1; ok[s] = 1 }
                 END {
+                    if (!rows) {
+                        printf "*No measurements yet: `%s` has no %s %s rows of %s (`make bench PART=hopper` on an H100 or H200).*\n", csv, adt, dir, a
+                        exit
+                    }
                     printf "| N | d = 64 | d = 64 causal | d = 128 | d = 128 causal | d = 256 | d = 256 causal |\n|--:|--:|--:|--:|--:|--:|--:|\n"
+                    more = ""
+                    if (!("b" in ok))
+                        more = sprintf("; no ratios: %s has no timed %s %s row in this run%s", b, bdt, dir,
+                                       ("b" in why) ? " (`" why["b"] "`)" : "")
                     n = 0; for (x in ns) if (x + 0 >= 512) list[++n] = x + 0
                     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (list[j] < list[i]) { z = list[i]; list[i] = list[j]; list[j] = z }
                     for (i = 1; i <= n; i++) {
                         line = "| " list[i]
                         for (d = 64; d <= 256; d *= 2) for (c = 0; c <= 1; c++) {
                             k = list[i] SUBSEP d SUBSEP c
-                            if (!((a, k) in t)) { line = line " | -"; continue }
-                            cell = sprintf("%.0f", t[a, k])
-                            if ((b, k) in t && t[b, k] > 0) cell = cell sprintf(" (%.2f×)", t[a, k] / t[b, k])
+                            if (!(("a", k) in t)) { line = line " | -"; continue }
+                            cell = sprintf("%.0f", t["a", k])
+                            if (("b", k) in t && t["b", k] > 0) cell = cell sprintf(" (%.2f×)", t["a", k] / t["b", k])
+                            else if (("b" in ok) && ("b", k) in why && gap == "") gap = why["b", k]
                             line = line " | " cell
                         }
                         print line " |"
                     }
-                    printf "\n*TFLOP/s of %s (in brackets: over %s on the same shape), %s, bf16, B = 16384/N, H = 2048/d, causal counting the visible half.*\n\n*%s*\n", a, b, dir, src
+                    if (adt == bdt)
+                        what = sprintf("TFLOP/s of %s (in brackets: over %s on the same shape), %s, %s", a, b, dir, dtn(adt))
+                    else
+                        what = sprintf("TFLOP/s of %s, %s (in brackets: over %s, %s, on the same shape), %s", a, dtn(adt), b, dtn(bdt), dir)
+                    # a cell without a ratio where the other ran but not on that shape: its first reason
+                    if (gap != "") more = more sprintf("; no ratio where %s has no timed row (`%s`)", b, gap)
+                    printf "\n*%s, B = 16384/N, H = 2048/d, causal counting the visible half%s.*\n\n*%s*\n", what, more, src
                 }' "$csv" ;;
         N=*)
-            awk -F, -v n="${spec#N=}" -v src="$src" -v dir="$dir" '
-                NR == 1 || $15 != "ok" || $3 != dir || $8 != n || $10 == 0 { next }
+            rest=${spec#N=}
+            awk -F, -v n="$(stage_of "$rest")" -v dt="$(dtype_of "$rest")" -v src="$src" -v dir="$dir" \
+                -v csv="$csv" "$DTYPE_AWK"'
+                NR == 1 || $15 != "ok" || $3 != dir || $8 != n || $10 == 0 || $4 != dt { next }
                 { if (!($2 in seen)) { seen[$2] = 1; order[++m] = $2 }; t[$2, $10, $11] = $13 }
                 END {
+                    if (m == 0) {
+                        printf "*No measurements yet: `%s` has no timed %s %s rows at N = %s (`make bench PART=hopper` on an H100 or H200).*\n", csv, dt, dir, n
+                        exit
+                    }
                     printf "| stage | d = 64 | d = 64 causal | d = 128 | d = 128 causal | d = 256 | d = 256 causal |\n|---|--:|--:|--:|--:|--:|--:|\n"
                     for (i = 1; i <= m; i++) {
                         line = "| `" order[i] "`"
@@ -110,7 +155,7 @@ table() {
                             line = line " | " (((order[i], d, c) in t) ? sprintf("%.0f", t[order[i], d, c]) : "-")
                         print line " |"
                     }
-                    printf "\n*TFLOP/s at N = %s, %s, bf16, B = 16384/N, H = 2048/d, causal counting the visible half.*\n\n*%s*\n", n, dir, src
+                    printf "\n*TFLOP/s at N = %s, %s, %s, B = 16384/N, H = 2048/d, causal counting the visible half.*\n\n*%s*\n", n, dir, dtn(dt), src
                 }' "$csv" ;;
         ablation\ *)
             awk -F, -v s="${spec#ablation }" -v src="$src" '

@@ -32,6 +32,9 @@
 #   RESULTS_LONG_CSV   the long-context CSV (default: the sweep CSV's name + -long.csv)
 #   RESULTS_BYTES_CSV  the Nsight Compute DRAM bytes (default: the sweep CSV's name + -bytes.csv)
 #   RESULTS_MASKS_CSV  the masked runs (default: the sweep CSV's name + -masks.csv)
+#   RESULTS_HOPPER_CSV, RESULTS_ABLATION_CSV  the Hopper part's and the ablation's, for the
+#                      tables of plots/hopper_tables.sh (default: the sweep CSV's name +
+#                      -hopper.csv, -ablation.csv)
 #   PLOTS_DIR          where the PNGs go (default: plots)
 #   PLOTS_TERM         pngcairo or png (default: pngcairo if this gnuplot has it)
 #   PLOTS_NO_TABLES    when set and not empty: draw the figures only, leave README.md and
@@ -938,5 +941,6 @@ done
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/readme_table.sh --update README.md || status=1
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/stage_diff.sh --update README.md || status=1
 [ -n "${PLOTS_NO_TABLES:-}" ] || sh plots/docs_tables.sh --update docs/*.md || status=1
-[ -n "${PLOTS_NO_TABLES:-}" ] || GPU=$(basename "$MAIN" .csv) sh plots/hopper_tables.sh --update README.md docs/*.md || status=1
+[ -n "${PLOTS_NO_TABLES:-}" ] || GPU=$(basename "$MAIN" .csv) RESULTS_HOPPER_CSV=${RESULTS_HOPPER_CSV:-${MAIN%.csv}-hopper.csv} \
+    RESULTS_ABLATION_CSV=${RESULTS_ABLATION_CSV:-${MAIN%.csv}-ablation.csv} sh plots/hopper_tables.sh --update README.md docs/*.md || status=1
 exit $status
