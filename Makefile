@@ -12,7 +12,8 @@
 #   make test             static check + Criterion tests (GPU tests skip without a GPU)
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
 #   make bench / plots    plots/bench.sh (the sweep, long context, masks; then PART=hopper: the
-#                         Hopper stages at d = 64, 128, 256) and plots/bytes.sh (GPU);
+#                         Hopper stages at d = 64, 128, 256, and the e4m3 forward of those that
+#                         have one beside cuDNN's) and plots/bytes.sh (GPU);
 #                         plots/plots.sh. make bench PART=sweep|long|masks|hopper: that part
 #                         alone, its CSV replaced whole
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)

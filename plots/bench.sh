@@ -48,8 +48,9 @@
 #   PART=sweep|long|masks sh plots/bench.sh
 #                                          one part alone (make bench PART=...): its CSV is
 #                                          replaced whole, one run at one commit
-#   PART=hopper STAGES="07_wgmma 08_fa3 09_fa3_persistent torch" sh plots/bench.sh
-#                                          the Hopper stages' part alone (make bench PART=hopper)
+#   PART=hopper STAGES="07_wgmma 08_fa3 09_fa3_persistent 11_fp8 torch" sh plots/bench.sh
+#                                          the Hopper stages' part alone (make bench PART=hopper),
+#                                          11_fp8's points e4m3 (FP8=0: bf16 points only)
 #   STAGES="06_fa2 torch" DIMS=128 RESULTS_DIR=/tmp/x sh plots/bench.sh
 #                                          a subset, for a look (a committed CSV holds one
 #                                          whole run: never merge rows of runs into it)
