@@ -25,8 +25,8 @@
 #                      to the stage as it is
 # Each table is followed by its caption, two italic lines with a blank line between them: what
 # the cells are, then the run's date, GPU and commit (the CSV's .runs line), the file and this
-# script. A spec with no rows of its STAGE (the e4m3 tables before an e4m3 run) prints one line,
-# "No measurements yet: ...". Environment: GPU (the <gpu> tag; default: the one with a hopper
+# script. A `STAGE vs OTHER` or `N=n` spec with no rows to show (the e4m3 tables before an e4m3
+# run) prints one line instead, "No measurements yet: ...". Environment: GPU (the <gpu> tag; default: the one with a hopper
 # CSV); RESULTS_HOPPER_CSV, RESULTS_ABLATION_CSV: other files (default
 # plots/results/<gpu>-hopper.csv and -ablation.csv; plots/plots.sh passes the first).
 set -u
