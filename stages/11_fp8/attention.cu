@@ -44,9 +44,11 @@
  * then has P = 256 exactly): the factor cancels in O / l, and L takes it off. With lazy
  * rescaling P_ij <= 2^RESCALE_LOG2 = 256 as it is. */
 #define P_SHIFT_LOG2 (LAZY ? 0.0f : 8.0f)
-/* Registers a thread after setmaxnreg, producer and consumers: 32 x 128 + 240 x 256, the SM's
- * 64 K (the transposer spills at 24). Literals: setmaxnreg takes no variable. */
-#define PRODUCER_REGS 32
+/* Registers a thread after setmaxnreg, producer and consumers: 24 x 128 + 240 x 256 = 168 x 384,
+ * what the block holds at entry: setmaxnreg.inc takes only what the block's own warpgroups gave
+ * back (at 32 the consumers would wait for 1 K registers forever). The transposer spills 40
+ * bytes at 24. Literals: setmaxnreg takes no variable. */
+#define PRODUCER_REGS 24
 #define CONSUMER_REGS_2 240
 #define BAR_TURN 1    /* named barrier BAR_TURN + c: consumer c's turn to issue its products */
 #define BAR_EPI  4    /* BAR_EPI + c: consumer c's O is in shared memory */
