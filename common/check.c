@@ -8,8 +8,11 @@
  *                  c = 4 for O, 16 for dQ, dK, dV.
  *   L            : pass iff |x - r| <= c * u32 * (|r| + 1), c = 256, u32 = 2^-24 (L is float32).
  *   O, dQ, dK, dV as a whole: ||x - r||_2 <= 3 u max(||r||_2, ||m||_2) (harness.h says why).
- *   e4m3 (O only): the same with u = 2^-4 (that of P, which the kernel rounds to e4m3) and
+ *   e4m3 (O): the same with u = 2^-4 (that of P, which the kernel rounds to e4m3) and
  *                  1 u max(||r||_2, ||m||_2) for the norm (harness.h says why).
+ *   e4m3 (L): L's rule plus c_acc * u_acc * t, u_acc = 2^-13, c_acc = 8, t the size of the
+ *                  addends of the row's scores (attn_ref.lse_m): the fp8 tensor cores keep 13
+ *                  fraction bits when they sum Q K^T (harness.h says why).
  * x must be finite. Why this shape: storing the result in 16 bits alone costs u*|r|; the
  * products inside the kernel (P rounded to 16 bits before P V, dS before dS K, ...) add
  * errors of about u times the size of the terms of each sum, hence the s floor, which
@@ -84,6 +87,10 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
     out->u = kind == ATTN_T_LSE ? ATTN_U_F32 : attn_unit_roundoff(p->dtype);
     out->c = attn_tol_c(kind) * c_scale;
     layout l = layout_of(kind, p, s);
+    /* e4m3's L: the accumulator's term, c_acc u_acc t with t = mag (never part of s) */
+    const double *t_acc = l.lse && p->dtype == ATTN_E4M3 ? mag : NULL;
+    if (l.lse) mag = NULL;
+    out->c_acc = t_acc ? ATTN_TOL_C_ACC * c_scale : 0.0;
     /* rows, not elements: a sampled check visits only its rows (at N = 10^6 the tensors hold
      * 2^31 elements, and a pass over them all costs more than the oracle) */
     const size_t nrows = numel_of(kind, p) / l.d;
@@ -115,6 +122,7 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
             double err = both_empty ? 0.0 : fabs(x - r);
             double floor = mag && isfinite(mag[e]) && mag[e] > s_rms ? mag[e] : s_rms;
             double tol = l.lse ? out->c * out->u * (fabs(r) + 1.0) : out->c * out->u * (fabs(r) + floor);
+            if (t_acc) tol += out->c_acc * ATTN_U_ACC * t_acc[e];   /* NaN (a row left unset) fails */
             int ok = both_empty || (isfinite(x) && isfinite(r) && err <= tol);
             if (tol > 0 && err / tol > out->worst) out->worst = err / tol;
             if (!(tol > 0) && err > 0) out->worst = INFINITY;
@@ -129,7 +137,7 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
                 if (out->nfirst < ATTN_NFIRST) {
                     int k = out->nfirst++;
                     out->first[k].b = b; out->first[k].n = nn; out->first[k].h = h; out->first[k].c = c;
-                    out->first[k].got = x; out->first[k].want = r;
+                    out->first[k].got = x; out->first[k].want = r; out->first[k].tol = tol;
                 }
                 out->mismatches++;
             }
@@ -169,7 +177,7 @@ int attn_compare_all(attn_cmp *cmp, int *ncmp, const attn_host *a, attn_dir dir,
 {
     int fails = 0, k = 0;
     fails += attn_compare(&cmp[k++], ATTN_T_O, &a->p, a->o, NULL, r->o, r->o_m, s, 1.0);
-    fails += attn_compare(&cmp[k++], ATTN_T_LSE, &a->p, NULL, a->lse, r->lse, NULL, s, 1.0);
+    fails += attn_compare(&cmp[k++], ATTN_T_LSE, &a->p, NULL, a->lse, r->lse, r->lse_m, s, 1.0);
     if (dir == ATTN_BACKWARD && r->dq) {
         fails += attn_compare(&cmp[k++], ATTN_T_DQ, &a->p, a->dq, NULL, r->dq, r->dq_m, s, 1.0);
         fails += attn_compare(&cmp[k++], ATTN_T_DK, &a->p, a->dk, NULL, r->dk, r->dk_m, s, 1.0);
@@ -211,7 +219,8 @@ int attn_compare_stages(attn_cmp *cmp, int *ncmp, const attn_host *a, const attn
         int k = 0;
         fails = 0;
         fails += attn_compare(&cmp[k++], ATTN_T_O, p, a->o, NULL, r.o, o ? o->o_m : NULL, NULL, 2.0);
-        fails += attn_compare(&cmp[k++], ATTN_T_LSE, p, NULL, a->lse, r.lse, NULL, NULL, 2.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_LSE, p, NULL, a->lse, r.lse, o ? o->lse_m : NULL, NULL,
+                              2.0);
         if (dir == ATTN_BACKWARD) {
             fails += attn_compare(&cmp[k++], ATTN_T_DQ, p, a->dq, NULL, r.dq, o ? o->dq_m : NULL, NULL, 2.0);
             fails += attn_compare(&cmp[k++], ATTN_T_DK, p, a->dk, NULL, r.dk, o ? o->dk_m : NULL, NULL, 2.0);
@@ -230,13 +239,13 @@ void attn_cmp_print(FILE *f, const attn_cmp *c)
             c->mismatches || c->nw_fail ? "FAIL" : "PASS", c->max_abs, c->max_rel, c->normwise);
     if (c->nw_bound > 0)
         fprintf(f, " (bound %.2e%s)", c->nw_bound, c->nw_fail ? ": EXCEEDED" : "");
-    fprintf(f, "  worst err/tol %.2f  %zu of %zu mismatch%s  (tol %g*u*(|r|+%s), u=%.3g", c->worst,
-            c->mismatches, c->checked, c->mismatches == 1 ? "" : "es", c->c, lse ? "1" : "s", c->u);
-    if (lse) fprintf(f, ")\n");
-    else fprintf(f, ", s=%.3g)\n", c->s);
+    fprintf(f, "  worst err/tol %.2f  %zu of %zu mismatch%s  (tol %g*u*(|r|+%s)", c->worst,
+            c->mismatches, c->checked, c->mismatches == 1 ? "" : "es", c->c, lse ? "1" : "s");
+    if (c->c_acc > 0) fprintf(f, " + %g*u_acc*t, u=%.3g, u_acc=2^-13)\n", c->c_acc, c->u);
+    else if (lse) fprintf(f, ", u=%.3g)\n", c->u);
+    else fprintf(f, ", u=%.3g, s=%.3g)\n", c->u, c->s);
     for (int k = 0; k < c->nfirst; k++) {
-        double r = c->first[k].want;
-        double tol = c->c * c->u * (fabs(r) + (lse ? 1.0 : c->s));
+        const double r = c->first[k].want, tol = c->first[k].tol;
         if (lse)
             fprintf(f, "     at (b=%d, n=%d, h=%d): got %.6g want %.6g (|err| %.3g > tol %.3g)\n",
                     c->first[k].b, c->first[k].n, c->first[k].h, c->first[k].got, r,

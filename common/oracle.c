@@ -9,7 +9,9 @@
  * Alongside each element it computes the size of the terms summed into it,
  * m = sqrt(sum of term^2) (terms P_ij V_jc for O, scale dS_ij K_jc for dQ, ...): the scale of
  * the rounding error a kernel makes in that sum, used by the tolerance (check.c); for dQ
- * and dK it includes the error of D computed from a 16-bit O, as kernels do.
+ * and dK it includes the error of D computed from a 16-bit O, as kernels do. For e4m3 it also
+ * computes, per query row, the size of the addends of its scores (attn_ref.lse_m), the scale of
+ * the fp8 tensor cores' error in L.
  * Work is split by rows over a few pthreads. */
 #include <math.h>
 #include <pthread.h>
@@ -148,7 +150,7 @@ oom:
 
 void attn_ref_free(attn_ref *r)
 {
-    free(r->o); free(r->lse); free(r->dq); free(r->dk); free(r->dv);
+    free(r->o); free(r->lse); free(r->lse_m); free(r->dq); free(r->dk); free(r->dv);
     free(r->o_m); free(r->dq_m); free(r->dk_m); free(r->dv_m);
     memset(r, 0, sizeof *r);
 }
@@ -192,6 +194,23 @@ static double dot(const float *a, const float *b, int d)
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+/* The size of the addends of a . b as an fp8 wgmma sums them: the largest addend of each
+ * k-step (the partial sum of the steps before, or one of its ATTN_E4M3_KSTEP products),
+ * summed over the steps. A step truncates its addends to 13 fraction bits of its largest. */
+static double kstep_addends(const float *a, const float *b, int d)
+{
+    double acc = 0.0, t = 0.0;
+    for (int c0 = 0; c0 < d; c0 += ATTN_E4M3_KSTEP) {
+        double big = fabs(acc);
+        for (int c = c0; c < c0 + ATTN_E4M3_KSTEP && c < d; c++) {
+            const double x = (double)a[c] * (double)b[c];
+            if (fabs(x) > big) big = fabs(x);
+            acc += x;
+        }
+        t += big;
+    }
+    return t;
+}
 
 static const float *qrow(const octx *c, const float *x, int b, int i, int h)
 {
@@ -222,7 +241,7 @@ static void fwd_row(octx *c, size_t r, double *s)
     double l = 0.0;
     for (int j = lo; j < hi; j++)
         if (tile_on(c, b, h, i, j)) { s[j] = exp(s[j] - m); l += s[j]; }
-    double *o = c->r->o + r * d, *om = c->r->o_m + r * d;
+    double *o = c->r->o + r * d, *om = c->r->o_m + r * d, t = 0.0;
     for (int e = 0; e < d; e++) o[e] = om[e] = 0.0;
     for (int j = lo; j < hi; j++) {
         if (!tile_on(c, b, h, i, j)) continue;
@@ -232,9 +251,11 @@ static void fwd_row(octx *c, size_t r, double *s)
             o[e] += pj * vj[e];
             om[e] += (pj * vj[e]) * (pj * vj[e]);
         }
+        if (c->r->lse_m) t += pj * kstep_addends(qi, kvrow(c, c->k, b, j, g), d);
     }
     for (int e = 0; e < d; e++) om[e] = sqrt(om[e]);
     c->r->lse[((size_t)b * p->H + h) * p->N_q + i] = m + log(l);
+    if (c->r->lse_m) c->r->lse_m[((size_t)b * p->H + h) * p->N_q + i] = (double)p->scale * t;
     if (c->D) {
         const float *doi = qrow(c, c->d_o, b, i, h);
         double D = 0.0, mD = 0.0;
@@ -257,7 +278,7 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
     const attn_problem *p = c->p;
     const int d = p->d, Nk = p->N_k;
     const int h = (int)(rs[0] % p->H), b = (int)(rs[0] / p->H / p->N_q), g = h / c->G;
-    double m[SAMPLE_ROWS], l[SAMPLE_ROWS];
+    double m[SAMPLE_ROWS], l[SAMPLE_ROWS], tm[SAMPLE_ROWS];
     int lo[SAMPLE_ROWS], hi[SAMPLE_ROWS], row[SAMPLE_ROWS];
     const float *qi[SAMPLE_ROWS];
     for (int t = 0; t < rows; t++) {
@@ -266,7 +287,7 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
         row[t] = i;
         qi[t] = qrow(c, c->q, b, i, h);
         m[t] = -INFINITY;
-        l[t] = 0.0;
+        l[t] = tm[t] = 0.0;
     }
     for (int j = 0; j < Nk; j++) {
         const float *kj = kvrow(c, c->k, b, j, g);
@@ -285,7 +306,7 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
         for (int e = 0; e < d; e++) o[e] = om[e] = 0.0;
     }
     for (int j = 0; j < Nk; j++) {
-        const float *vj = kvrow(c, c->v, b, j, g);
+        const float *vj = kvrow(c, c->v, b, j, g), *kj = kvrow(c, c->k, b, j, g);
         for (int t = 0; t < rows; t++) {
             if (j < lo[t] || j >= hi[t] || !tile_on(c, b, h, row[t], j)) continue;
             double *o = c->r->o + rs[t] * d, *om = c->r->o_m + rs[t] * d;
@@ -294,6 +315,7 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
                 o[e] += pj * vj[e];
                 om[e] += (pj * vj[e]) * (pj * vj[e]);
             }
+            if (c->r->lse_m) tm[t] += pj * kstep_addends(qi[t], kj, d);
         }
     }
     for (int t = 0; t < rows; t++) {
@@ -301,6 +323,7 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
         double *om = c->r->o_m + rs[t] * d;
         for (int e = 0; e < d; e++) om[e] = sqrt(om[e]);
         c->r->lse[((size_t)b * p->H + h) * p->N_q + i] = m[t] + log(l[t]);
+        if (c->r->lse_m) c->r->lse_m[((size_t)b * p->H + h) * p->N_q + i] = (double)p->scale * tm[t];
     }
 }
 
@@ -496,7 +519,7 @@ static void run_D(octx *c, const uint16_t *run_o)
 
 static int oracle(const attn_problem *p, const float *q, const float *k, const float *v,
                   const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r,
-                  const uint16_t *run_o, const unsigned char *bmask)
+                  const uint16_t *run_o, const unsigned char *bmask, int with_lse_m)
 {
     memset(r, 0, sizeof *r);
     if (dir == ATTN_BACKWARD && s && s->assisted && !run_o) return -1;
@@ -510,10 +533,12 @@ static int oracle(const attn_problem *p, const float *q, const float *k, const f
     r->o = malloc(nq * sizeof(double));
     r->o_m = malloc(nq * sizeof(double));
     r->lse = malloc(attn_numel_lse(p) * sizeof(double));
-    if (!r->o || !r->o_m || !r->lse) goto out;
+    if (with_lse_m) r->lse_m = malloc(attn_numel_lse(p) * sizeof(double));
+    if (!r->o || !r->o_m || !r->lse || (with_lse_m && !r->lse_m)) goto out;
     /* unset rows stay NaN (all-ones bits), so a bug in the sampling shows up as a mismatch */
     memset(r->o, 0xFF, nq * sizeof(double));
     memset(r->lse, 0xFF, attn_numel_lse(p) * sizeof(double));
+    if (with_lse_m) memset(r->lse_m, 0xFF, attn_numel_lse(p) * sizeof(double));
     if (dir == ATTN_FORWARD) {
         c.need_fwd = s ? s->mask_q : NULL;
     } else {
@@ -565,14 +590,15 @@ out:
 int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
                     const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r)
 {
-    return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL);
+    return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL, p->dtype == ATTN_E4M3);
 }
 
 int attn_oracle_unquantized(const attn_host *t, const attn_sample *s, attn_ref *r)
 {
     memset(r, 0, sizeof *r);
     if (t->p.dtype != ATTN_E4M3 || t->period) return -1;
-    return oracle(&t->p, t->q32, t->k32, t->v32, NULL, ATTN_FORWARD, s, r, NULL, t->block_mask);
+    /* the RMSE's reference: no L, so no lse_m */
+    return oracle(&t->p, t->q32, t->k32, t->v32, NULL, ATTN_FORWARD, s, r, NULL, t->block_mask, 0);
 }
 
 int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r)
@@ -591,7 +617,7 @@ int attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref
     float *d_o = dir == ATTN_BACKWARD && t->d_o ? attn_host_to_f32(t->d_o, nq, p->dtype) : NULL;
     int rc = -1;
     if (q && k && v && (dir == ATTN_FORWARD || d_o))
-        rc = oracle(p, q, k, v, d_o, dir, s, r, t->o, t->block_mask);
+        rc = oracle(p, q, k, v, d_o, dir, s, r, t->o, t->block_mask, p->dtype == ATTN_E4M3);
     free(q); free(k); free(v); free(d_o);
     return rc;
 }
