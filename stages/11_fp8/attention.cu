@@ -3,8 +3,8 @@
  * Changed from 09_fa3_persistent: Q, K, V are e4m3 bytes, and both products run on the fp8
  * tensor cores (wgmma k32 on e4m3, twice the bf16 rate):
  * - S = Q_i K_jᵀ as before, from 128-column (128-byte) boxes, 32 bytes a k-step.
- * - O += P_ij V_j: fp8 wgmma reads B K-major only, and V_j is [keys][d]. The producer warpgroup,
- *   idle in 09 but for one thread, transposes V_j in shared memory (ldmatrix.trans, two byte
+ * - O += P_ij V_j: fp8 wgmma reads B K-major only, and V_j is [keys][d]. The producer warpgroup's
+ *   warps 1-3, idle in 09, transpose V_j in shared memory (ldmatrix.trans, two byte
  *   permutes, stmatrix) into Vt_j [d][keys] while the consumers compute, in the key order in
  *   which a thread's registers hold P_ij (transpose_v8): so P_ij, rounded to e4m3 in registers,
  *   is the A operand as it stands. Barriers full_vt / empty_vt hand Vt_j over.
@@ -46,14 +46,16 @@
 #define P_SHIFT_LOG2 (LAZY ? 0.0f : 8.0f)
 /* Registers a thread after setmaxnreg, producer and consumers: 24 x 128 + 240 x 256 = 168 x 384,
  * what the block holds at entry: setmaxnreg.inc takes only what the block's own warpgroups gave
- * back (at 32 the consumers would wait for 1 K registers forever). The transposer spills 40
- * bytes at 24. Literals: setmaxnreg takes no variable. */
+ * back (at 32 the consumers would wait for 1 K registers forever). The loader and the
+ * transposers run separate loops (load_tiles, transpose_tiles), so that 24 suffice for either.
+ * Literals: setmaxnreg takes no variable. */
 #define PRODUCER_REGS 24
 #define CONSUMER_REGS_2 240
 #define BAR_TURN 1    /* named barrier BAR_TURN + c: consumer c's turn to issue its products */
 #define BAR_EPI  4    /* BAR_EPI + c: consumer c's O is in shared memory */
 #define BAR_ALL  7    /* every consumer: the tile's last P V products are done, Vt's ring is free */
 #define BAR_PRODUCER 8   /* the producer warpgroup: every thread has read a tile's post */
+#define TRANSPOSERS 3    /* warps 1-3 of the producer warpgroup transpose V_j; warp 0 loads */
 #define MMA_N   8     /* columns of an accumulator tile (the layout is mma.sync's m16n8) */
 #define CHUNK   8     /* 16-bit elements in 16 bytes (O's tile) */
 #define D_MAX   256   /* largest head dim supported */
@@ -280,19 +282,20 @@ static __device__ __forceinline__ void pack_p8(uint32_t pa[4], float s[][4], int
     pa[3] = e4m3x4(s[4 * k + 2][2], s[4 * k + 2][3], s[4 * k + 3][2], s[4 * k + 3][3]);
 }
 
-/* The producer warpgroup's part of ring count n: once V_j has landed and the consumers have
- * released Vt's stage (its previous phase), each warp transposes a quarter of the (Bc / 16) x
- * (d / 32) blocks; then it frees V's stage for the next load and, its writes made visible to
- * the async proxy (wgmma reads Vt_j), marks Vt_j full (one arrive a warp). */
+/* The transposers' part of ring count n (warps 1-3 of the producer warpgroup): once V_j has
+ * landed and the consumers have released Vt's stage (its previous phase), each warp transposes
+ * a third of the (Bc / 16) x (d / 32) blocks; then it frees V's stage for the next load and,
+ * its writes made visible to the async proxy (wgmma reads Vt_j), marks Vt_j full (one arrive a
+ * warp). */
 static __device__ __forceinline__ void transpose_tile(const fa3_smem sm, int n, const int d)
 {
-    const int s = n % STAGES, ph = n / STAGES & 1, warp = threadIdx.x / WARP % 4;
+    const int s = n % STAGES, ph = n / STAGES & 1, warp = threadIdx.x / WARP % 4 - 1;   /* 0 .. 2 */
     const int groups = Bc(d) / KEY_GROUP, tile_bytes = Bc(d) * d;
     mbar_wait(sm.full_v + 8 * s, ph);
     mbar_wait(sm.empty_vt + 8 * s, ph ^ 1);
     __syncwarp();   /* ldmatrix and stmatrix take the whole warp, converged */
-#pragma unroll 2
-    for (int i = warp; i < groups * (d / COL_BLOCK); i += 4)
+#pragma unroll 1
+    for (int i = warp; i < groups * (d / COL_BLOCK); i += TRANSPOSERS)
         transpose_v8(sm.V + s * tile_bytes, sm.Vt + s * tile_bytes, i % groups, i / groups, d);
     fence_proxy_async();   /* this thread's stmatrix writes, read next by wgmma (async proxy) */
     __syncwarp();
@@ -614,6 +617,81 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     if (c.pingpong && cw == 0) bar_sync(BAR_TURN + 0, 2 * WARPGROUP);
 }
 
+/* The producer warpgroup's warp 0, for the block's query tiles: thread 0 loads Q_i (once the
+ * consumers' S products of the tile that last used its buffer are complete), then K_j and V_j
+ * of each step (load_tile waits for a free stage); the tiles after the first: thread 0 asks
+ * the counter and posts them, the warp's other threads read the post as the consumers do. */
+static __device__ __forceinline__ void load_tiles(const attn_problem p, const attn_args a, int G,
+                                                  const fa3_smem sm, const CUtensorMap *tmQ,
+                                                  const CUtensorMap *tmK, const CUtensorMap *tmV,
+                                                  int n_tiles, const int counted, const int d)
+{
+    const int lead = threadIdx.x == 0;
+    int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
+    /* The others read the first post too: a wait on Q's barrier may not skip a phase (the
+     * parity of tile 2's would pass while tile 0's is still pending). */
+    int u = counted && !lead ? posted_tile(sm, 0, d) : (int)blockIdx.x, t = 0;
+    for (; u < n_tiles; t++) {
+        int b, h, i0;
+        tile_of(p, G, u, d, &b, &h, &i0);
+        const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
+        int u_next = n_tiles;
+        if (lead) {
+            const int qs = t % Q_BUFS(d);
+            const uint32_t Qt = sm.Q + qs * Br(d) * d, full_q = sm.bar_q + 8 * qs;
+            mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
+            if (counted) post_tile(sm, t, u);
+            mbar_arrive_expect_tx(full_q, Br(d) * d);
+            for (int c = 0; c < d / BOX_ROW; c++)
+                tma_load_4d(Qt + c * Br(d) * BOX_ROW, tmQ, c * BOX_ROW, i0, h, b, full_q);
+            /* The next tile, asked for now: the counter's answer arrives under the loads. */
+            u_next = counted ? next_tile_of(a, u) : n_tiles;
+        }
+        /* Every producer thread has read the post of tile t (at the end of the last tile):
+         * thread 0 may post tile t + 2 in its slot (the consumers' part: Q's empty barrier). */
+        __syncwarp();
+        bar_sync(BAR_PRODUCER, WARPGROUP);
+        if (lead) {
+            const int h_kv = h / (p.H / p.H_kv);
+            for (int j = 0; j < Tc; j++) {
+                TRACE_AT(&a, t, j, 0);
+                load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, n0 + j, d);
+                TRACE_AT(&a, t, j, 1);
+                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d);
+                TRACE_AT(&a, t, j, 2);
+            }
+        }
+        __syncwarp();
+        n0 += Tc;
+        u = lead ? u_next : counted ? posted_tile(sm, t + 1, d) : n_tiles;
+    }
+    if (lead && counted) {   /* no tile left: the consumers wake on Q's barrier to read so */
+        const int qs = t % Q_BUFS(d);
+        mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
+        post_tile(sm, t, n_tiles);
+        mbar_arrive(sm.bar_q + 8 * qs);
+    }
+}
+
+/* Warps 1-3 of the producer warpgroup, for the same tiles (read from the posts): V_{j-1} of each
+ * step j = 1 .. Tc into Vt's ring (transpose_tile). */
+static __device__ __forceinline__ void transpose_tiles(const attn_problem p, int G, const fa3_smem sm,
+                                                       int n_tiles, const int counted, const int d)
+{
+    int n = 0;   /* the rings' count: V_j of the tile's step j + 1 is n's */
+    int u = counted ? posted_tile(sm, 0, d) : (int)blockIdx.x, t = 0;
+    for (; u < n_tiles; t++) {
+        int b, h, i0;
+        tile_of(p, G, u, d, &b, &h, &i0);
+        const int end = n + (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
+        bar_sync(BAR_PRODUCER, WARPGROUP);   /* this warp has read tile t's post */
+        /* d = 256: Vt's ring holds the last tile's O until its store has read it. */
+        if (d == 256 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
+        for (; n < end; n++) transpose_tile(sm, n, d);
+        u = counted ? posted_tile(sm, t + 1, d) : n_tiles;
+    }
+}
+
 /* One block: warpgroup 0 produces (and transposes), the other two consume, for query tiles of
  * the n_tiles in tile_of's order: one tile a block, or (persistent) one block per SM taking
  * blockIdx.x and then what the counter hands it, each tile's loads issued under the last one's
@@ -651,8 +729,8 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
             mbar_init(sm.full_k + 8 * s, 1);
             mbar_init(sm.full_v + 8 * s, 1);
             mbar_init(sm.empty_k + 8 * s, CONSUMERS(d) * 4);
-            mbar_init(sm.empty_v + 8 * s, 4);
-            mbar_init(sm.full_vt + 8 * s, 4);
+            mbar_init(sm.empty_v + 8 * s, TRANSPOSERS);
+            mbar_init(sm.full_vt + 8 * s, TRANSPOSERS);
             mbar_init(sm.empty_vt + 8 * s, CONSUMERS(d) * 4);
         }
         mbar_fence_init();
@@ -661,61 +739,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
 
     if (wg == 0) {
         SETMAXNREG_DEC(PRODUCER_REGS);
-        /* Thread 0 loads K_j, then V_j; the whole warpgroup transposes V_{j-1} meanwhile (its
-         * loads run ahead, at most a ring). The tiles after the first: thread 0 asks the
-         * counter and posts them, the others read the post as the consumers do. */
-        const int lead = threadIdx.x == 0;
-        int n0 = 0;   /* the rings' count at this tile's K_0, V_0 */
-        /* The others read the first post too: a wait on Q's barrier may not skip a phase (the
-         * parity of tile 2's would pass while tile 0's is still pending). */
-        int u = counted && !lead ? posted_tile(sm, 0, d) : (int)blockIdx.x, t = 0;
-        for (; u < n_tiles; t++) {
-            int b, h, i0;
-            tile_of(p, G, u, d, &b, &h, &i0);
-            const int h_kv = h / (p.H / p.H_kv);
-            const int Tc = (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
-            int u_next = n_tiles;
-            if (lead) {
-                /* Q_i once the consumers' S products of the tile before that used its buffer
-                 * are complete: the last tile (one buffer), or the one before it (two). */
-                const int qs = t % Q_BUFS(d);
-                const uint32_t Qt = sm.Q + qs * Br(d) * d, full_q = sm.bar_q + 8 * qs;
-                mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
-                if (counted) post_tile(sm, t, u);
-                mbar_arrive_expect_tx(full_q, Br(d) * d);
-                for (int c = 0; c < d / BOX_ROW; c++)
-                    tma_load_4d(Qt + c * Br(d) * BOX_ROW, tmQ, c * BOX_ROW, i0, h, b, full_q);
-                /* The next tile, asked for now: the counter's answer arrives under the loads. */
-                u_next = counted ? next_tile_of(a, u) : n_tiles;
-            }
-            /* Every producer thread has read the post of tile t (at the end of the last tile):
-             * thread 0 may post tile t + 2 in its slot (the consumers' part: Q's empty barrier). */
-            __syncwarp();
-            bar_sync(BAR_PRODUCER, WARPGROUP);
-            for (int j = 0; j <= Tc; j++) {
-                TRACE_AT(&a, t, j, 0);
-                if (lead && j < Tc) {
-                    load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, n0 + j, d);
-                    TRACE_AT(&a, t, j, 1);
-                    load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d);
-                }
-                __syncwarp();
-                TRACE_AT(&a, t, j, 2);
-                if (j > 0) {
-                    /* d = 256: Vt's ring holds the last tile's O until its store has read it. */
-                    if (j == 1 && t > 0 && d == 256) mbar_wait(sm.o_free, (t - 1) & 1);
-                    transpose_tile(sm, n0 + j - 1, d);
-                }
-            }
-            n0 += Tc;
-            u = lead ? u_next : counted ? posted_tile(sm, t + 1, d) : n_tiles;
-        }
-        if (lead && counted) {   /* no tile left: the consumers wake on Q's barrier to read so */
-            const int qs = t % Q_BUFS(d);
-            mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
-            post_tile(sm, t, n_tiles);
-            mbar_arrive(sm.bar_q + 8 * qs);
-        }
+        /* Warp 0 loads (its thread 0 issues every TMA load, as in 09), warps 1-3 transpose
+         * V_{j-1} meanwhile: two loops, so that neither role holds the other's registers. */
+        if (threadIdx.x < WARP) load_tiles(p, a, G, sm, tmQ, tmK, tmV, n_tiles, counted, d);
+        else                    transpose_tiles(p, G, sm, n_tiles, counted, d);
     } else {
         SETMAXNREG_INC(CONSUMER_REGS_2);
         consume(p, a, G, sm, tmO, wg - 1, n_tiles, counted, d);
