@@ -1282,6 +1282,17 @@ static __device__ __forceinline__ void sem_wait(const int *s, int turn)
     }
 }
 
+/* Count one arrival at s, after this warpgroup's adds (the barrier before it orders them): a
+ * release at GPU scope makes every add the barrier ordered before it visible to the next
+ * sem_wait that sees the count, without a fence in every thread. (A __threadfence after the
+ * adds made ptxas turn them into returning atomics, ATOMG, on one scoreboard with the step's
+ * exp2: the next step's softmax then waited for the last step's adds to come back from L2,
+ * deterministic or not; red.add, REDG, returns nothing.) */
+static __device__ __forceinline__ void sem_post(int *s)
+{
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" : : "l"(s) : "memory");
+}
+
 /* Step t of consumer c: query rows i0 .., head h; stage st of the rings, dSᵀ buffer t % 2.
  * masked (a literal at each call) masks the scores of keys outside the band w (causal, the
  * window) and keys past N_k. dk, dv: this consumer's 64 keys x d accumulators. */
@@ -1442,9 +1453,8 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         for (int n = 0; n < 64 / MMA_N; n++)
             atomicAdd(dst + n * WARPGROUP, make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]));
         if (sem) {
-            __threadfence();
             bar_sync(BAR_WG + c, WARPGROUP);
-            if (tid == 0) atomicAdd(sem + tile, 1);
+            if (tid == 0) sem_post(sem + tile);
         }
     }
     TRACE_AT(a, 0, t, 6);
