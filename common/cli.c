@@ -1,14 +1,18 @@
 /* common/cli.c: the program every build/<stage> is: flags, setup, run, check, bench, CSV.
  * Exit codes: 0 ok, 1 check failed (or the stage failed on the GPU), 2 bad input, shape
  * refused by the stage, not enough GPU memory, or no GPU. Flags are parsed completely
- * before any CUDA call, so bad input is reported the same on a machine without a GPU. */
+ * before any CUDA call, so bad input is reported the same on a machine without a GPU.
+ * With --points, one process runs many problems (a line of flags each), each exactly as a
+ * program of its own would (run_one), so that a bench pays the CUDA context's start once. */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "harness.h"
 
@@ -18,7 +22,7 @@ enum {
     OPT_BATCH = 256, OPT_HEADS, OPT_KV_HEADS, OPT_SEQLEN, OPT_SEQLEN_Q, OPT_SEQLEN_K, OPT_DIM,
     OPT_CAUSAL, OPT_DTYPE, OPT_SCALE, OPT_SEED, OPT_CHECK, OPT_BENCH, OPT_BACKWARD,
     OPT_DETERMINISTIC, OPT_CSV, OPT_LOAD, OPT_SAVE, OPT_HELP, OPT_WINDOW, OPT_MASK, OPT_BLOCK_MASK,
-    OPT_INPUTS, OPT_HADAMARD
+    OPT_INPUTS, OPT_HADAMARD, OPT_POINTS, OPT_TIMEOUT
 };
 
 static const struct option long_opts[] = {
@@ -45,6 +49,8 @@ static const struct option long_opts[] = {
     { "csv", required_argument, NULL, OPT_CSV },
     { "load", required_argument, NULL, OPT_LOAD },
     { "save", required_argument, NULL, OPT_SAVE },
+    { "points", required_argument, NULL, OPT_POINTS },
+    { "timeout", required_argument, NULL, OPT_TIMEOUT },
     { "help", no_argument, NULL, OPT_HELP },
     { NULL, 0, NULL, 0 }
 };
@@ -119,6 +125,22 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   with the same --hadamard --seed) and q_descale,k_descale,v_descale\n"
         "                   float32 [B,Hkv]\n"
         "  --help           this text\n"
+        "\n"
+        "many runs in one process:\n"
+        "  --points FILE    one run per line of FILE (- reads standard input, each line as it\n"
+        "                   comes): a line holds flags, added after the command line's (blank\n"
+        "                   lines and lines whose first word starts with # are skipped; no\n"
+        "                   quotes: words are split at blanks). Each run is what the program\n"
+        "                   with those flags would do: the same checks and refusals, its own\n"
+        "                   fresh inputs, settling and CSV row; a run's exit status goes to\n"
+        "                   stderr, \"STAGE: point I/N (line L): exit E, S s\" (I without /N from\n"
+        "                   -). A bad line is one line and exit 2 (a FILE is read whole first,\n"
+        "                   so then nothing ran). A CUDA error that leaves the GPU unusable\n"
+        "                   ends the program after that run's row (its line ends with \"no more\n"
+        "                   points\", exit 1). Exit status: 1 if a run's was 1, else 2 if one's\n"
+        "                   was 2, else 0\n"
+        "  --timeout S      end the program (exit 124, as timeout(1)) when one run takes more\n"
+        "                   than S seconds\n"
         "\n"
         "environment:\n"
         "  ATTN_SMEM_PER_BLOCK=n  answer as if a block could have at most n bytes of shared\n"
@@ -202,6 +224,8 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         case OPT_CSV: c->csv = optarg; break;
         case OPT_LOAD: c->load = optarg; break;
         case OPT_SAVE: c->save = optarg; break;
+        case OPT_POINTS: c->points = optarg; break;
+        case OPT_TIMEOUT: rc = parse_pos_int(name, optarg, &c->timeout, err); break;
         case 'h':
         case OPT_HELP: c->help = 1; break;
         case ':':
@@ -357,18 +381,12 @@ static const char *dev_or_none(const attn_run_info *info)
     return info->device[0] ? info->device : "none";
 }
 
-int attn_main(const attn_stage *st, int argc, char **argv)
+/* One run: what the program does with the flags c once they are parsed. It returns the exit
+ * status, having freed everything it allocated (--points runs it again and again). */
+static int run_one(const attn_stage *st, const attn_cli *flags)
 {
-    attn_cli c;
+    const attn_cli c = *flags;
     char err[ATTN_MSG_LEN] = { 0 };
-    if (attn_parse_args(&c, argc, argv, err)) {
-        fprintf(stderr, "%s: %s\n", st->name, err);
-        return 2;
-    }
-    if (c.help) {
-        attn_print_help(stdout, argv[0], st);
-        return 0;
-    }
     /* --save DIR: the directory must be writable before the run, not found wanting after it */
     if (c.save) {
         if (mkdir(c.save, 0777) != 0 && errno != EEXIST) {
@@ -558,4 +576,219 @@ int attn_main(const attn_stage *st, int argc, char **argv)
            info.workspace_bytes / MIB);
     attn_host_free(&t);
     return exit_code;
+}
+
+/* ---- --timeout: SIGALRM ends the program, with the line said beforehand ------------------ */
+
+static char timeout_line[ATTN_MSG_LEN];
+static size_t timeout_len;
+
+static void on_timeout(int sig)
+{
+    (void)sig;
+    if (write(STDERR_FILENO, timeout_line, timeout_len) < 0) _exit(124);   /* nothing else to do */
+    _exit(124);   /* as timeout(1): a bench reads 124 as "timed out" */
+}
+
+/* Arms the alarm for one run of `seconds` (0: disarms it); what: the run, for the line. */
+static void arm_timeout(int seconds, const char *what)
+{
+    if (seconds <= 0) {
+        alarm(0);
+        return;
+    }
+    snprintf(timeout_line, sizeof timeout_line, "%s: timed out after %d s (--timeout)\n", what, seconds);
+    timeout_len = strlen(timeout_line);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_timeout;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    alarm((unsigned)seconds);
+}
+
+/* ---- --points: many runs in one process ---------------------------------------------------- */
+
+int attn_parse_point(attn_cli *c, int argc, char **argv, char *line, char **args, char *err)
+{
+    const uintptr_t lo = (uintptr_t)line, hi = lo + strlen(line);
+    int n = 0, words = 0;
+    for (; n < argc; n++) args[n] = argv[n];
+    char *save = NULL;
+    for (char *w = strtok_r(line, " \t\r\n\v\f", &save); w; w = strtok_r(NULL, " \t\r\n\v\f", &save)) {
+        if (words == 0 && w[0] == '#') return 1;   /* a comment */
+        if (strpbrk(w, "'\"\\")) {
+            snprintf(err, ATTN_MSG_LEN, "no quotes or backslashes in a points line (its words are "
+                     "split at blanks): %s", w);
+            return 2;
+        }
+        if (words == ATTN_POINT_WORDS) {
+            snprintf(err, ATTN_MSG_LEN, "more than %d words on one line", ATTN_POINT_WORDS);
+            return 2;
+        }
+        args[n++] = w;
+        words++;
+    }
+    if (words == 0) return 1;   /* blank */
+    args[n] = NULL;
+    if (attn_parse_args(c, n, args, err)) return 2;
+    if (c->help) {
+        snprintf(err, ATTN_MSG_LEN, "--help is not a run (a points line holds the flags of one run)");
+        return 2;
+    }
+    /* the line's own --points would point into it; the command line's points elsewhere */
+    if (c->points && (uintptr_t)c->points >= lo && (uintptr_t)c->points < hi) {
+        snprintf(err, ATTN_MSG_LEN, "--points in a points line (a program reads one file of points)");
+        return 2;
+    }
+    return 0;
+}
+
+/* After a run: clears an error it left behind, and says whether the CUDA context can still
+ * be used. A fault in a kernel is "sticky": every later call fails, so no later run in this
+ * process could be measured. 1 (why set) if so; 0 if usable, or if there is no GPU at all. */
+static int context_lost(char *why)
+{
+    int n;
+    char tmp[ATTN_MSG_LEN];
+    if (attn_gpu_available(&n, tmp)) return 0;
+    (void)cudaGetLastError();
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e == cudaSuccess) return 0;
+    snprintf(why, ATTN_MSG_LEN, "cudaDeviceSynchronize: %s", cudaGetErrorString(e));
+    return 1;
+}
+
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --points FILE|-: a file is read whole and every line checked before the first run; standard
+ * input a line at a time, each run as soon as its line has come (a bench keeps the program
+ * open and hands it its points one by one). Each run ends with its line on stderr, "STAGE:
+ * point I/N (line L): exit E, S s", after its stdout is flushed. */
+static int run_points(const attn_stage *st, const attn_cli *c0, int argc, char **argv)
+{
+    const int from_stdin = strcmp(c0->points, "-") == 0;
+    const char *src = from_stdin ? "-" : c0->points;
+    char err[ATTN_MSG_LEN], why[ATTN_MSG_LEN], what[ATTN_MSG_LEN];
+    char **args = malloc(sizeof(char *) * ((size_t)argc + ATTN_POINT_WORDS + 1));
+    char **lines = NULL, *buf = NULL, *line = NULL;
+    size_t nlines = 0, cap = 0;
+    int npoints = 0, point = 0, worst = 0;
+    attn_cli c;
+    if (!args) {
+        fprintf(stderr, "%s: out of host memory\n", st->name);
+        return 2;
+    }
+    if (!from_stdin) {
+        FILE *f = fopen(src, "r");
+        if (!f) {
+            fprintf(stderr, "%s: --points %s: cannot open it (%s)\n", st->name, src, strerror(errno));
+            worst = 2;
+            goto out;
+        }
+        for (size_t room = 0; getline(&buf, &cap, f) >= 0; nlines++) {
+            if (nlines == room) {
+                room = room ? 2 * room : 64;
+                char **more = realloc(lines, sizeof(char *) * room);
+                if (!more) break;
+                lines = more;
+            }
+            if (!(lines[nlines] = strdup(buf))) break;
+        }
+        const int read_all = feof(f);
+        fclose(f);
+        if (!read_all) {
+            fprintf(stderr, "%s: --points %s: cannot read it whole (out of host memory or a read "
+                    "error)\n", st->name, src);
+            worst = 2;
+            goto out;
+        }
+        for (size_t i = 0; i < nlines; i++) {   /* every line is checked before the first run */
+            if (!(line = strdup(lines[i]))) {
+                fprintf(stderr, "%s: out of host memory\n", st->name);
+                worst = 2;
+                goto out;
+            }
+            const int r = attn_parse_point(&c, argc, argv, line, args, err);
+            free(line);
+            line = NULL;
+            if (r == 2) {
+                fprintf(stderr, "%s: --points %s line %zu: %s\n", st->name, src, i + 1, err);
+                worst = 2;
+                goto out;
+            }
+            npoints += r == 0;
+        }
+    }
+    for (size_t lineno = 1;; lineno++) {
+        if (from_stdin ? getline(&buf, &cap, stdin) < 0 : lineno > nlines) break;
+        if (!(line = strdup(from_stdin ? buf : lines[lineno - 1]))) {
+            fprintf(stderr, "%s: out of host memory\n", st->name);
+            worst = 2;
+            goto out;
+        }
+        const int r = attn_parse_point(&c, argc, argv, line, args, err);
+        if (r == 2) {
+            fprintf(stderr, "%s: --points %s line %zu: %s\n", st->name, src, lineno, err);
+            worst = 2;
+            goto out;
+        }
+        if (r == 0) {
+            char total[32] = "";
+            if (!from_stdin) snprintf(total, sizeof total, "/%d", npoints);
+            snprintf(what, sizeof what, "%s: point %d%s (line %zu)", st->name, ++point, total, lineno);
+            const double t0 = seconds_now();
+            arm_timeout(c.timeout, what);
+            const int code = run_one(st, &c);
+            fflush(stdout);
+            const int lost = context_lost(why);
+            arm_timeout(0, NULL);
+            if (code == 1 || (code == 2 && worst == 0)) worst = code;
+            if (lost) {
+                fprintf(stderr, "%s: exit %d, %.2f s; the CUDA context is lost (%s): no more points\n",
+                        what, code, seconds_now() - t0, why);
+                worst = 1;
+                goto out;
+            }
+            fprintf(stderr, "%s: exit %d, %.2f s\n", what, code, seconds_now() - t0);
+        }
+        free(line);
+        line = NULL;
+    }
+    if (point == 0) {
+        fprintf(stderr, "%s: --points %s: no points (every line is blank or a comment)\n", st->name, src);
+        worst = 2;
+    }
+out:
+    free(line);
+    for (size_t i = 0; i < nlines; i++) free(lines[i]);
+    free(lines);
+    free(buf);
+    free(args);
+    return worst;
+}
+
+int attn_main(const attn_stage *st, int argc, char **argv)
+{
+    attn_cli c;
+    char err[ATTN_MSG_LEN] = { 0 };
+    if (attn_parse_args(&c, argc, argv, err)) {
+        fprintf(stderr, "%s: %s\n", st->name, err);
+        return 2;
+    }
+    if (c.help) {
+        attn_print_help(stdout, argv[0], st);
+        return 0;
+    }
+    if (c.points) return run_points(st, &c, argc, argv);
+    arm_timeout(c.timeout, st->name);
+    const int code = run_one(st, &c);
+    arm_timeout(0, NULL);
+    return code;
 }

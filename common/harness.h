@@ -383,10 +383,19 @@ typedef struct {
     attn_input_kind inputs;              /* --inputs KIND */
     int hadamard;                        /* --hadamard */
     int nq_set, nk_set, scale_set;
+    const char *points;                  /* --points FILE (- standard input) */
+    int timeout;                         /* --timeout S: seconds a run may take; 0 none */
 } attn_cli;
 
 /* Parse argv (no CUDA). 0 ok; 2 with a one-line message in err on bad input. */
 int attn_parse_args(attn_cli *c, int argc, char **argv, char *err);
+/* One line of a --points file: the flags of the command line argv (its --points included)
+ * followed by the line's words, parsed into c. The line is cut at blanks in place, and c
+ * points into it; args has room for argc + ATTN_POINT_WORDS + 1 pointers. 0 ok; 1 for a line
+ * to skip (blank, or its first word starts with #); 2 with a one-line err (bad flags, quotes,
+ * too many words, --points or --help on the line). */
+#define ATTN_POINT_WORDS 128
+int attn_parse_point(attn_cli *c, int argc, char **argv, char *line, char **args, char *err);
 void attn_print_help(FILE *f, const char *prog, const attn_stage *st);
 /* Append one row to the CSV file (header first if the file is new or empty). */
 int attn_csv_append(const char *path, const char *gpu, const char *stage, const attn_problem *p,

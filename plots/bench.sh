@@ -84,7 +84,13 @@
 #              the rest, for files that are not committed; 0: fresh files.   default: 0
 #   RESULTS_DIR  where the CSVs go (plots/results); BENCH_CSV, BENCH_LONG_CSV, BENCH_MASKS_CSV
 #              exact paths
-#   SEED (1), POINT_TIMEOUT seconds per program run (300), BUILD_DIR (build),
+#   POINTS=0|1 1: a stage's points of one part go to one process of it (--points -, fed a
+#              line at a time, so that what a point measured still decides the next one: the
+#              budgets below), which pays the CUDA context's start once; its rows are those of
+#              a process per point. If that process ends mid-point (a crash, the timeout) or
+#              loses its CUDA context, the stage's remaining points of the part run one
+#              process each, as with 0.                                        default: 1
+#   SEED (1), POINT_TIMEOUT seconds per point, a whole number (300), BUILD_DIR (build),
 #   SWEEP_MAX_CALL_S  the sweep's time budget of one call, in seconds (2: what it stops is
 #              stages 1 and 2 at their largest N, calls of 2.5 to 7 s, each made twice: the
 #              settling run, then the timed one),
@@ -218,11 +224,15 @@ summary_more() {
 }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench.XXXXXX") || exit 2
-trap 'rm -rf "$WORK"' EXIT
+# the stage whose points process is open (POINTS=1, cp_open), and its pid
+cp_stage= cp_pid=
+cp_kill() { [ -z "$cp_pid" ] || kill "$cp_pid" 2>/dev/null; cp_stage= cp_pid=; }
+trap 'cp_kill; rm -rf "$WORK"' EXIT
 # Interrupted (e.g. by `timeout` at the end of a device lease): with MERGE=1 the rows measured
 # so far are merged in, since each one is complete; otherwise they stay in the .part file.
 ACTIVE_CSV= ACTIVE_RUN=
 on_interrupt() {
+    cp_kill
     echo
     if [ "$MERGE" = 1 ] && [ -n "$ACTIVE_CSV" ]; then
         echo "bench: interrupted; merging the rows measured so far"
@@ -290,6 +300,15 @@ MASKS=${MASKS:-1}
 FP8=${FP8:-0}
 SEED=${SEED:-1}
 POINT_TIMEOUT=${POINT_TIMEOUT:-300}
+POINTS=${POINTS:-1}
+TAB=$(printf '\t')
+if [ "$POINTS" = 1 ]; then   # the points processes' timeout is the program's --timeout
+    case $POINT_TIMEOUT in
+        "" | *[!0-9]* | 0) echo "bench: POINT_TIMEOUT=$POINT_TIMEOUT is not a whole number of seconds: one process a point (POINTS=0)"
+                           POINTS=0 ;;
+    esac
+    command -v mkfifo >/dev/null || { echo "bench: no mkfifo: one process a point (POINTS=0)"; POINTS=0; }
+fi
 SWEEP_MAX_CALL_S=${SWEEP_MAX_CALL_S:-2}
 LONG_MAX_CALL_S=${LONG_MAX_CALL_S:-4}
 BUILD_DIR=${BUILD_DIR:-build}
@@ -381,13 +400,16 @@ point_dtype=bf16
 run_point() {
     rp_csv=$1 rp_stage=$2 rp_dir=$3 rp_b=$4 rp_h=$5 rp_n=$6 rp_d=$7 rp_causal=$8 rp_prefix=$9
     shift 9
-    set -- "$BUILD_DIR/$rp_stage" --batch "$rp_b" --heads "$rp_h" --kv-heads "$rp_h" \
+    set -- --batch "$rp_b" --heads "$rp_h" --kv-heads "$rp_h" \
         --seqlen "$rp_n" --dim "$rp_d" --dtype "$point_dtype" --bench --seed "$SEED" --csv "$rp_csv" "$@"
     [ "$rp_causal" = 1 ] && set -- "$@" --causal
     [ "$rp_dir" = backward ] && set -- "$@" --backward
     rp_before=$(count_lines "$rp_csv")
-    with_timeout "$POINT_TIMEOUT" "$@" > "$WORK/point.log" 2>&1
-    rp_rc=$?
+    cp_ended=
+    if ! points_mode "$rp_stage" "$@" || ! cp_point "$rp_stage" "$@"; then
+        with_timeout "$POINT_TIMEOUT" "$BUILD_DIR/$rp_stage" "$@" > "$WORK/point.log" 2>&1
+        rp_rc=$?
+    fi
     if [ "$(count_lines "$rp_csv")" -le "$rp_before" ]; then
         if [ "$rp_rc" = 124 ]; then rp_note="timed out after $POINT_TIMEOUT s"
         else rp_note="exit code $rp_rc without a row"; fi
@@ -398,9 +420,78 @@ run_point() {
     tail -n 1 "$rp_csv" | awk -F, '
         $15 == "ok" { printf "%.3f ms  %.1f TFLOP/s\n", $12, $13; next }
         { printf "%s: %s\n", $15, $16 }'
-    if [ "$POINT_STATUS" = failed ]; then
+    if [ "$POINT_STATUS" = failed ] || [ -n "$cp_ended" ]; then
         tail -n 5 "$WORK/point.log" | sed 's/^/    | /'
     fi
+    if [ -n "$cp_ended" ]; then
+        cp_broken=$rp_stage
+        echo "    ($rp_stage's points process $cp_ended: its other points of this part run one process each)"
+    fi
+}
+
+# ---- A stage's points in one process (POINTS=1): build/STAGE --points -, whose standard input
+# is a FIFO the bench writes each point's flags to (fd 3), as one line, when the point before
+# it is done, and whose output (stdout and stderr) another FIFO it reads (fd 4), up to the
+# point's last line, "STAGE: point I (line L): exit E, S s" (common/cli.c). The program checks,
+# runs and writes each row as a process of its own would; the bench decides the next point
+# from the row, as before. One process a stage and part: it is closed when the next point is
+# another stage's, and at the part's end (finish_csv), before the anchors.
+cp_broken=   # the stage whose process ended in this part (cp_ended): one process a point
+# points_mode STAGE FLAG...: whether this point goes to STAGE's points process
+points_mode() {
+    [ "$POINTS" = 1 ] && [ "$1" != "$cp_broken" ] || return 1
+    shift
+    for pm_a in "$@"; do   # a points line is split at blanks: a path with one goes alone
+        case $pm_a in *" "* | *"$TAB"*) return 1 ;; esac
+    done
+    return 0
+}
+# cp_open STAGE: starts STAGE's points process (the FIFOs open in the same order on both sides)
+cp_open() {
+    rm -f "$WORK/cp.in" "$WORK/cp.out"
+    mkfifo "$WORK/cp.in" "$WORK/cp.out" || return 1
+    "$BUILD_DIR/$1" --points - --timeout "$POINT_TIMEOUT" < "$WORK/cp.in" > "$WORK/cp.out" 2>&1 &
+    cp_pid=$! cp_stage=$1
+    exec 3> "$WORK/cp.in" 4< "$WORK/cp.out"
+}
+# cp_close: closing its input ends the open process (what it still says goes to the point's
+# log); cp_rc its exit status
+cp_close() {
+    [ -n "$cp_pid" ] || return 0
+    exec 3>&-
+    cat <&4 >> "$WORK/point.log"
+    exec 4<&-
+    wait "$cp_pid"
+    cp_rc=$?
+    cp_stage= cp_pid=
+}
+# cp_point STAGE FLAG...: one point by STAGE's points process (started first if another
+# stage's or none is open), its output into the point's log. 1 if no process could start (the
+# point did not run); else 0, rp_rc the point's exit status, and cp_ended empty, or why the
+# process ended: with the point's row written ("lost its CUDA context"), or during the point
+# (rp_rc then the process's status: 124 for the timeout, as timeout(1)).
+cp_point() {
+    cp_want=$1
+    shift
+    if [ "$cp_stage" != "$cp_want" ]; then cp_close; cp_open "$cp_want" || return 1; fi
+    : > "$WORK/point.log"
+    trap '' PIPE   # a process already gone: the write fails, and the read sees its end
+    printf '%s\n' "$*" >&3
+    trap - PIPE
+    while IFS= read -r cp_line <&4; do
+        case $cp_line in
+            "$cp_want: point "*"): exit "*)
+                cp_e=${cp_line##*): exit }
+                rp_rc=${cp_e%%,*}
+                case $cp_line in *"no more points") cp_close; cp_ended="lost its CUDA context" ;; esac
+                return 0 ;;
+        esac
+        printf '%s\n' "$cp_line" >> "$WORK/point.log"
+    done
+    [ -z "$cp_line" ] || printf '%s\n' "$cp_line" >> "$WORK/point.log"
+    cp_close
+    rp_rc=$cp_rc cp_ended="ended during the point (exit $cp_rc)"
+    return 0
 }
 
 # over_budget CSV STAGE DIRECTION B H N D CAUSAL PREFIX LAST_MS GROWTH NAME CAP: whether the
@@ -434,6 +525,7 @@ start_csv() {
 # a merge: the line appended), which plots/plots.sh --sources reads to say when a file mixes
 # runs; RUN is the line (default RUN_LINE).
 finish_csv() {
+    cp_close
     part=$1.part
     run_line=${2:-$RUN_LINE}
     ACTIVE_CSV= ACTIVE_RUN=
@@ -461,6 +553,7 @@ finish_csv() {
 # any of them; none: nothing) if torch sees a GPU, else says why not.
 torch_why=
 run_anchors() {
+    cp_close   # the GPU to the anchors alone
     out=$1 backends=$(echo $2 | tr ' ' ',')
     shift 2
     [ -n "$backends" ] || return 0
@@ -552,7 +645,7 @@ pattern_args() {
 count_words() { echo $# ; }
 # progress PART I TOTAL: "[PART I/TOTAL, 1m05s, ~3m20s left]": the part's elapsed time since
 # part_start and its estimate of the rest (elapsed / (I - 1) a point so far)
-part_start() { PART_T0=$(date +%s); }
+part_start() { PART_T0=$(date +%s) cp_broken=; }
 progress() {
     now=$(date +%s); el=$((now - PART_T0))
     left=; [ "$2" -gt 1 ] && left=", ~$(fmt_s $((el * ($3 - $2 + 1) / ($2 - 1)))) left"

@@ -1,12 +1,13 @@
 /* tests/test_cli.c: flag parsing (in process), a stage program's exit codes for bad input
- * (a subprocess), and the CSV row's note of a masked run (attn_main in process, on stand-in
- * stages that never run). Bad input is rejected before any CUDA call, so this runs without
- * a GPU. */
+ * (a subprocess), the CSV row's note of a masked run (attn_main in process, on stand-in
+ * stages that never run), and --points: its lines, its rows (those of one run a line) and its
+ * exit codes. Bad input is rejected before any CUDA call, so this runs without a GPU. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <math.h>
@@ -347,4 +348,220 @@ Test(cli, csv_note_names_a_mask_file)
     attn_host_free(&t);
     snprintf(line, sizeof line, "rm -rf '%s'", dir);
     if (system(line)) {}
+}
+
+/* ---- --points: many runs in one process ------------------------------------------------ */
+
+/* attn_parse_point on line (copied: it is cut in place) after the command line cmd */
+static int parse_point(attn_cli *c, const char *cmd, const char *line, char *err)
+{
+    static char cbuf[512], lbuf[4096];
+    static char *argv[64], *args[64 + ATTN_POINT_WORDS + 1];
+    int argc = 0;
+    snprintf(cbuf, sizeof cbuf, "prog %s", cmd);
+    for (char *tok = strtok(cbuf, " "); tok && argc < 63; tok = strtok(NULL, " ")) argv[argc++] = tok;
+    argv[argc] = NULL;
+    snprintf(lbuf, sizeof lbuf, "%s", line);
+    return attn_parse_point(c, argc, argv, lbuf, args, err);
+}
+
+Test(cli, points_lines)
+{
+    attn_cli c;
+    char err[ATTN_MSG_LEN];
+    cr_assert_eq(parse_point(&c, "--csv a.csv --points -", "  --seqlen 64 --dim 128\t--causal\r\n", err), 0, "%s", err);
+    cr_assert(c.p.N_q == 64 && c.p.N_k == 64 && c.p.d == 128 && c.p.causal);
+    cr_assert(c.csv && !strcmp(c.csv, "a.csv") && c.points && !strcmp(c.points, "-"),
+              "the command line's flags hold for every line");
+    cr_assert_float_eq(c.p.scale, 1.0 / sqrt(128.0), 1e-7);
+    cr_assert_eq(parse_point(&c, "--seqlen 99 --bench --points f", "--seqlen 7", err), 0, "%s", err);
+    cr_assert(c.p.N_q == 7 && c.bench, "a line's flag comes after the command line's, and wins");
+    cr_assert_eq(parse_point(&c, "--points f", "--causal --backward --window 4", err), 0, "%s", err);
+    cr_assert_eq(parse_point(&c, "--points f", "--seqlen 5", err), 0, "%s", err);
+    cr_assert(!c.p.causal && c.dir == ATTN_FORWARD && c.p.window == 0 && c.p.N_q == 5,
+              "nothing of a line carries over to the next");
+    const char *skip[] = { "", "\n", "   \t \r\n", "# a comment --dim x", "   #--heads 0" };
+    for (size_t i = 0; i < sizeof skip / sizeof skip[0]; i++)
+        cr_assert_eq(parse_point(&c, "--points f", skip[i], err), 1, "'%s' is not skipped", skip[i]);
+    char many[4096] = "";
+    for (int i = 0; i <= ATTN_POINT_WORDS; i++) strcat(many, "--causal ");
+    const char *bad[] = { "--dim x", "--heads 6 --kv-heads 4", "--seqlen", "positional", "--points g",
+                          "--help", "--save 'a b'", "--mask \"random:0.5\"", "--save a\\ b", many };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        cr_assert_eq(parse_point(&c, "--points f", bad[i], err), 2, "'%.40s' accepted", bad[i]);
+        cr_assert(err[0] && !strchr(err, '\n'), "'%.40s': one line, got '%s'", bad[i], err);
+    }
+    cr_assert_eq(parse_point(&c, "--points f", "--causal", err), 0, "%s", err);
+    char most[4096] = "";
+    for (int i = 0; i < ATTN_POINT_WORDS; i++) strcat(most, "--causal ");
+    cr_assert_eq(parse_point(&c, "--points f", most, err), 0, "%d words refused: %s", ATTN_POINT_WORDS, err);
+}
+
+/* attn_main in process with the words of args; stderr hidden. Its exit code. */
+static int main_quiet(const attn_stage *st, const char *args)
+{
+    static char buf[2048];
+    static char *argv[128];
+    int argc = 0;
+    snprintf(buf, sizeof buf, "prog %s", args);
+    for (char *tok = strtok(buf, " "); tok && argc < 127; tok = strtok(NULL, " ")) argv[argc++] = tok;
+    argv[argc] = NULL;
+    fflush(stderr);
+    const int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
+    cr_assert(saved >= 0 && devnull >= 0);
+    dup2(devnull, 2);
+    const int rc = attn_main(st, argc, argv);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(devnull);
+    return rc;
+}
+
+/* A file's whole text into buf (empty if missing). */
+static void slurp(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[got] = 0;
+    if (f) fclose(f);
+}
+
+/* The rows of a points file are those of one run per line, byte for byte (the stand-in stages
+ * refuse every shape, and their refusals are the rows a bench gets from a dense stage given a
+ * mask, or a 16-bit stage given e4m3); the exit code is the worst of the runs'. */
+Test(cli, points_rows_are_the_runs_rows)
+{
+    const char *lines[] = { "--batch 2 --heads 2 --seqlen 300 --mask random:0.5",
+                            "--seqlen 300 --causal --window 64", "--seqlen 300 --dtype e4m3 --dim 128",
+                            "--seqlen 200 --heads 8 --kv-heads 2 --backward --bench" };
+    const attn_stage *stubs[] = { &masked_stub, &dense_stub };
+    for (int s = 0; s < 2; s++) {
+        char one[] = "/tmp/attn_pts_one_XXXXXX", many[] = "/tmp/attn_pts_many_XXXXXX";
+        char pts[] = "/tmp/attn_pts_file_XXXXXX", args[1024], a[8192], b[8192];
+        int fd1 = mkstemp(one), fd2 = mkstemp(many), fd3 = mkstemp(pts);
+        cr_assert(fd1 >= 0 && fd2 >= 0 && fd3 >= 0);
+        close(fd1);
+        close(fd2);
+        FILE *f = fdopen(fd3, "w");
+        fprintf(f, "# every kind of refusal\n\n");
+        int worst = 0;
+        for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+            fprintf(f, "%s\n", lines[i]);
+            snprintf(args, sizeof args, "%s --csv %s", lines[i], one);
+            const int rc = main_quiet(stubs[s], args);
+            if (rc == 1 || (rc == 2 && worst == 0)) worst = rc;
+        }
+        fclose(f);
+        snprintf(args, sizeof args, "--csv %s --points %s", many, pts);
+        cr_assert_eq(main_quiet(stubs[s], args), worst, "%s: the worst run's exit code", stubs[s]->name);
+        slurp(one, a, sizeof a);
+        slurp(many, b, sizeof b);
+        cr_assert(strchr(a, '\n') && !strcmp(a, b), "%s: rows differ:\n%s---\n%s", stubs[s]->name, a, b);
+        unlink(one);
+        unlink(many);
+        unlink(pts);
+    }
+}
+
+/* run a shell command line; its exit status, and its stderr into err */
+static int run_sh(const char *cmd, char *err, size_t n)
+{
+    char errf[] = "/tmp/attn_cli_err_XXXXXX", line[4096];
+    int fd = mkstemp(errf);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(line, sizeof line, "%s 2>%s", cmd, errf);
+    const int st = system(line);
+    slurp(errf, err, n);
+    unlink(errf);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* The program with --points: a bad line anywhere in a file is one line and exit 2 before any
+ * run; from standard input, the runs before it have their rows. Each run's line on stderr. */
+Test(cli, points_program)
+{
+    need_program();
+    const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
+    const char *name = attn_stages[0]->name;
+    char dir[] = "/tmp/attn_cli_pts_XXXXXX", cmd[2048], err[16384], path[600], csv[600], rows[8192];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/points", dir);
+    snprintf(csv, sizeof csv, "%s/rows.csv", dir);
+
+    FILE *f = fopen(path, "w");
+    fprintf(f, "--seqlen 8\n# the next is fine\n--seqlen 8 --causal\n--heads abc\n--seqlen 8\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s/%s --points %s --csv %s >/dev/null", build, name, path, csv);
+    cr_assert_eq(run_sh(cmd, err, sizeof err), 2);
+    cr_assert_eq(count_lines(err), 1, "one line: %s", err);
+    cr_assert(!strncmp(err, name, strlen(name)) && strstr(err, "line 4") && strstr(err, "--heads"), "%s", err);
+    cr_assert_eq(access(csv, F_OK), -1, "a bad line in a file: nothing ran, no row");
+
+    snprintf(cmd, sizeof cmd, "printf -- '--seqlen 8\\n--dim x\\n--seqlen 8\\n' | %s/%s --points - --csv %s "
+             ">/dev/null", build, name, csv);
+    cr_assert_eq(run_sh(cmd, err, sizeof err), 2);
+    cr_assert(strstr(err, "point 1 (line 1): exit ") && strstr(err, "--points - line 2: --dim"), "%s", err);
+    cr_assert(!strstr(err, "point 2"), "nothing runs after a bad line: %s", err);
+    slurp(csv, rows, sizeof rows);
+    cr_assert_eq(count_lines(rows), 2, "the header and line 1's row: %s", rows);
+    unlink(csv);
+
+    const char *bad[] = { "/nonexistent/points", dir };   /* no file; a directory */
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s/%s --points %s >/dev/null", build, name, bad[i]);
+        cr_assert_eq(run_sh(cmd, err, sizeof err), 2, "--points %s", bad[i]);
+        cr_assert_eq(count_lines(err), 1, "%s", err);
+    }
+    snprintf(cmd, sizeof cmd, "printf '# nothing\\n\\n' | %s/%s --points - >/dev/null", build, name);
+    cr_assert_eq(run_sh(cmd, err, sizeof err), 2);
+    cr_assert(count_lines(err) == 1 && strstr(err, "no points"), "%s", err);
+
+    /* good lines: the rows and exit code of one process a line (no --bench: the rows are
+     * equal byte for byte, on a GPU or without one) */
+    const char *lines[] = { "--seqlen 8 --heads 2", "--seqlen 8 --causal --window 4",
+                            "--seqlen 8 --dim 128 --dtype e4m3", "--seqlen 8 --backward" };
+    char one[600], want[8192];
+    snprintf(one, sizeof one, "%s/one.csv", dir);
+    f = fopen(path, "w");
+    int worst = 0;
+    for (size_t i = 0; i < 4; i++) {
+        fprintf(f, "%s\n", lines[i]);
+        snprintf(cmd, sizeof cmd, "%s/%s %s --csv %s >/dev/null", build, name, lines[i], one);
+        const int rc = run_sh(cmd, err, sizeof err);
+        if (rc == 1 || (rc == 2 && worst == 0)) worst = rc;
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s/%s --points %s --csv %s >/dev/null", build, name, path, csv);
+    cr_assert_eq(run_sh(cmd, err, sizeof err), worst, "%s", err);
+    for (int i = 1; i <= 4; i++) {
+        char said[64];
+        snprintf(said, sizeof said, "%s: point %d/4 (line %d): exit ", name, i, i);
+        cr_assert(strstr(err, said), "no '%s' in:\n%s", said, err);
+    }
+    slurp(one, want, sizeof want);
+    slurp(csv, rows, sizeof rows);
+    cr_assert(count_lines(want) == 5 && !strcmp(want, rows), "rows differ:\n%s---\n%s", want, rows);
+
+    /* --timeout: a run that takes longer ends the program, exit 124 (a FIFO nothing writes to
+     * holds --load's open of q.npy) */
+    snprintf(path, sizeof path, "%s/stuck", dir);
+    cr_assert_eq(mkdir(path, 0777), 0);
+    snprintf(path, sizeof path, "%s/stuck/q.npy", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    snprintf(cmd, sizeof cmd, "printf -- '--seqlen 8\\n--load %s/stuck\\n--seqlen 8\\n' | %s/%s --points - "
+             "--timeout 1 --csv %s >/dev/null", dir, build, name, csv);
+    cr_assert_eq(run_sh(cmd, err, sizeof err), 124, "%s", err);
+    cr_assert(strstr(err, "point 2 (line 2): timed out after 1 s") && !strstr(err, "point 3"), "%s", err);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) {}
 }
