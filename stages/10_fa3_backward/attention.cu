@@ -912,6 +912,14 @@ static __device__ __forceinline__ void sem_wait(const int *s, int turn)
     }
 }
 
+/* Count one arrival at s, after this warpgroup's adds (the barrier before it orders them): a
+ * release at GPU scope makes every add the barrier ordered before it visible to the next
+ * sem_wait that sees the count, without a fence in every thread. */
+static __device__ __forceinline__ void sem_post(int *s)
+{
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" : : "l"(s) : "memory");
+}
+
 /* Step t of consumer c: query rows i0 .., head h; stage st of the rings, dSᵀ buffer t % 2.
  * masked (a literal at each call) masks the scores of keys after a query (causal) and keys
  * past N_k. dk, dv: this consumer's 64 keys x d accumulators. */
@@ -1072,9 +1080,8 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         for (int n = 0; n < 64 / MMA_N; n++)
             atomicAdd(dst + n * WARPGROUP, make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]));
         if (sem) {
-            __threadfence();
             bar_sync(BAR_WG + c, WARPGROUP);
-            if (tid == 0) atomicAdd(sem + tile, 1);
+            if (tid == 0) sem_post(sem + tile);
         }
     }
     TRACE_AT(a, 0, t, 6);
