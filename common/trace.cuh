@@ -6,8 +6,10 @@
  * (clock64: one clock for all the warpgroups of a block) at the events of each step of the
  * block's first query tile into the workspace; after the call the host writes the stamps to
  * FILE as CSV (block, warpgroup, step, event, cycles), which plots/timeline.sh draws.
- * Consumer events, in order: step begins, tiles landed, turn taken, products issued, S ready,
- * softmax done, P V done; producer: wait for a free stage begins, K issued, V issued.
+ * Stage 8's consumer events, in order: step begins, tiles landed, turn taken, products issued,
+ * S ready, softmax done, P V done; producer: wait for a free stage begins, K issued, V issued.
+ * Stage 10's are at its TRACE_AT lines (eight a consumer step, three a producer step);
+ * plots/timeline.sh names the phases between them, for both.
  */
 #ifndef ATTN_TRACE_CUH
 #define ATTN_TRACE_CUH

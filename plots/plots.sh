@@ -284,18 +284,23 @@ sources() {
     fi
     # files of one run each whose .runs line names its commit (plots/bench.sh writes "DATE;
     # GPU; commit C: programs ..."): that date and commit, whatever git holds of the file now
-    named=1 first= one=1 files= each=
+    named=1 first= one=1 samec=1 files= each= dated=
     for f in "$@"; do
         rc=$(runs_commit "$f")
         [ -n "$rc" ] || { named=0; break; }
         g=$(gpu_of "$f")
-        if [ -z "$first" ]; then first="$g|$rc"
-        elif [ "$first" != "$g|$rc" ]; then one=0; fi
+        if [ -z "$first" ]; then first="$g|$rc" firstc="$g|${rc#*|}"
+        else
+            [ "$first" = "$g|$rc" ] || one=0
+            [ "$firstc" = "$g|${rc#*|}" ] || samec=0
+        fi
         files="$files${files:+ and }$q$f$q"
+        dated="$dated${dated:+, }$q$f$q (${rc%|*})"
         each="$each${each:+; }$q$f$q ($g, one $mb run, ${rc%|*} at commit ${rc#*|})"
     done
     if [ "$named" = 1 ]; then
         if [ "$one" = 1 ]; then echo "$g, one $mb run, ${rc%|*} at commit ${rc#*|}: $files"
+        elif [ "$samec" = 1 ]; then echo "$g, commit ${rc#*|}, one $mb run a file: $dated"
         else echo "$each"; fi
         return
     fi

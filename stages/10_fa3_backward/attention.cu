@@ -914,7 +914,9 @@ static __device__ __forceinline__ void sem_wait(const int *s, int turn)
 
 /* Count one arrival at s, after this warpgroup's adds (the barrier before it orders them): a
  * release at GPU scope makes every add the barrier ordered before it visible to the next
- * sem_wait that sees the count, without a fence in every thread. */
+ * sem_wait that sees the count, without a fence in every thread. A __threadfence after the
+ * adds would make ptxas issue each of them, in the default order too, as an atomic that
+ * returns its old value (ATOMG, waited for) instead of a reduction (REDG). */
 static __device__ __forceinline__ void sem_post(int *s)
 {
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" : : "l"(s) : "memory");
