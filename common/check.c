@@ -9,7 +9,10 @@
  *   L            : pass iff |x - r| <= c * u32 * (|r| + 1), c = 256, u32 = 2^-24 (L is float32).
  *   O, dQ, dK, dV as a whole: ||x - r||_2 <= 3 u max(||r||_2, ||m||_2) (harness.h says why).
  *   e4m3 (O): the same with u = 2^-4 (that of P, which the kernel rounds to e4m3) and
- *                  1 u max(||r||_2, ||m||_2) for the norm (harness.h says why).
+ *                  1 u max(||r||_2, ||m||_2) for the norm (harness.h says why), each element
+ *                  plus c_acc * u_acc * t' (the accumulator's term, next item; t' from the
+ *                  oracle, attn_ref.o_acc, bounds what the scores' errors move O) and the
+ *                  norm plus the norm of those terms.
  *   e4m3 (L): L's rule plus c_acc * u_acc * t, u_acc = 2^-13, c_acc = 8, t the size of the
  *                  addends of the row's scores (attn_ref.lse_m): the fp8 tensor cores keep 13
  *                  fraction bits when they sum Q K^T (harness.h says why).
@@ -80,16 +83,15 @@ static size_t row_start(const layout *l, size_t row, int *b, int *n, int *h)
 
 int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
                  const uint16_t *x16, const float *x32, const double *ref, const double *mag,
-                 const attn_sample *s, double c_scale)
+                 const double *acc, const attn_sample *s, double c_scale)
 {
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->u = kind == ATTN_T_LSE ? ATTN_U_F32 : attn_unit_roundoff(p->dtype);
     out->c = attn_tol_c(kind) * c_scale;
     layout l = layout_of(kind, p, s);
-    /* e4m3's L: the accumulator's term, c_acc u_acc t with t = mag (never part of s) */
-    const double *t_acc = l.lse && p->dtype == ATTN_E4M3 ? mag : NULL;
-    if (l.lse) mag = NULL;
+    /* e4m3's O and L: the accumulator's term, c_acc u_acc t with t = acc (never part of s) */
+    const double *t_acc = p->dtype == ATTN_E4M3 && (kind == ATTN_T_O || l.lse) ? acc : NULL;
     out->c_acc = t_acc ? ATTN_TOL_C_ACC * c_scale : 0.0;
     /* rows, not elements: a sampled check visits only its rows (at N = 10^6 the tensors hold
      * 2^31 elements, and a pass over them all costs more than the oracle) */
@@ -109,7 +111,7 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
     double rms_m = out->checked ? sqrt(sum_m2 / (double)out->checked) : 0.0;
     double s_rms = out->rms_ref > rms_m ? out->rms_ref : rms_m;
     out->s = s_rms;
-    double sum_e2 = 0.0;
+    double sum_e2 = 0.0, sum_a2 = 0.0;   /* sum_a2: the accumulator terms' squares */
     for (size_t row = 0; row < nrows; row++) {
         if (l.mask && !l.mask[row]) continue;
         const size_t e0 = row_start(&l, row, &b, &nn, &h);
@@ -122,7 +124,11 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
             double err = both_empty ? 0.0 : fabs(x - r);
             double floor = mag && isfinite(mag[e]) && mag[e] > s_rms ? mag[e] : s_rms;
             double tol = l.lse ? out->c * out->u * (fabs(r) + 1.0) : out->c * out->u * (fabs(r) + floor);
-            if (t_acc) tol += out->c_acc * ATTN_U_ACC * t_acc[e];   /* NaN (a row left unset) fails */
+            if (t_acc) {   /* NaN (a row left unset) fails, here and in the norm */
+                const double a = out->c_acc * ATTN_U_ACC * t_acc[e];
+                tol += a;
+                sum_a2 += a * a;
+            }
             int ok = both_empty || (isfinite(x) && isfinite(r) && err <= tol);
             if (tol > 0 && err / tol > out->worst) out->worst = err / tol;
             if (!(tol > 0) && err > 0) out->worst = INFINITY;
@@ -144,11 +150,12 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
         }
     }
     out->normwise = sum_r2 > 0 ? sqrt(sum_e2 / sum_r2) : (sum_e2 > 0 ? INFINITY : 0.0);
-    /* the norm-wise bound, relative to ||r||: c_nw u max(1, ||m|| / ||r||) */
+    /* the norm-wise bound, relative to ||r||: c_nw u max(1, ||m|| / ||r||), plus for e4m3's O
+     * the norm of the accumulator's terms (the element-wise ones, so the norm admits them) */
     if (!l.lse && sum_r2 > 0) {
         const double rho = sum_m2 > sum_r2 ? sqrt(sum_m2 / sum_r2) : 1.0;
         const double c_nw = p->dtype == ATTN_E4M3 ? ATTN_TOL_C_NW_E4M3 : ATTN_TOL_C_NW;
-        out->nw_bound = c_nw * c_scale * out->u * rho;
+        out->nw_bound = c_nw * c_scale * out->u * rho + sqrt(sum_a2 / sum_r2);
         out->nw_fail = !(out->normwise <= out->nw_bound);
     }
     return out->mismatches || out->nw_fail ? 1 : 0;
@@ -176,12 +183,12 @@ int attn_compare_all(attn_cmp *cmp, int *ncmp, const attn_host *a, attn_dir dir,
                      const attn_ref *r, const attn_sample *s)
 {
     int fails = 0, k = 0;
-    fails += attn_compare(&cmp[k++], ATTN_T_O, &a->p, a->o, NULL, r->o, r->o_m, s, 1.0);
-    fails += attn_compare(&cmp[k++], ATTN_T_LSE, &a->p, NULL, a->lse, r->lse, r->lse_m, s, 1.0);
+    fails += attn_compare(&cmp[k++], ATTN_T_O, &a->p, a->o, NULL, r->o, r->o_m, r->o_acc, s, 1.0);
+    fails += attn_compare(&cmp[k++], ATTN_T_LSE, &a->p, NULL, a->lse, r->lse, NULL, r->lse_m, s, 1.0);
     if (dir == ATTN_BACKWARD && r->dq) {
-        fails += attn_compare(&cmp[k++], ATTN_T_DQ, &a->p, a->dq, NULL, r->dq, r->dq_m, s, 1.0);
-        fails += attn_compare(&cmp[k++], ATTN_T_DK, &a->p, a->dk, NULL, r->dk, r->dk_m, s, 1.0);
-        fails += attn_compare(&cmp[k++], ATTN_T_DV, &a->p, a->dv, NULL, r->dv, r->dv_m, s, 1.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_DQ, &a->p, a->dq, NULL, r->dq, r->dq_m, NULL, s, 1.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_DK, &a->p, a->dk, NULL, r->dk, r->dk_m, NULL, s, 1.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_DV, &a->p, a->dv, NULL, r->dv, r->dv_m, NULL, s, 1.0);
     }
     *ncmp = k;
     return fails;
@@ -218,13 +225,17 @@ int attn_compare_stages(attn_cmp *cmp, int *ncmp, const attn_host *a, const attn
         /* both sides carry rounding error: twice the tolerance */
         int k = 0;
         fails = 0;
-        fails += attn_compare(&cmp[k++], ATTN_T_O, p, a->o, NULL, r.o, o ? o->o_m : NULL, NULL, 2.0);
-        fails += attn_compare(&cmp[k++], ATTN_T_LSE, p, NULL, a->lse, r.lse, o ? o->lse_m : NULL, NULL,
-                              2.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_O, p, a->o, NULL, r.o, o ? o->o_m : NULL,
+                              o ? o->o_acc : NULL, NULL, 2.0);
+        fails += attn_compare(&cmp[k++], ATTN_T_LSE, p, NULL, a->lse, r.lse, NULL, o ? o->lse_m : NULL,
+                              NULL, 2.0);
         if (dir == ATTN_BACKWARD) {
-            fails += attn_compare(&cmp[k++], ATTN_T_DQ, p, a->dq, NULL, r.dq, o ? o->dq_m : NULL, NULL, 2.0);
-            fails += attn_compare(&cmp[k++], ATTN_T_DK, p, a->dk, NULL, r.dk, o ? o->dk_m : NULL, NULL, 2.0);
-            fails += attn_compare(&cmp[k++], ATTN_T_DV, p, a->dv, NULL, r.dv, o ? o->dv_m : NULL, NULL, 2.0);
+            fails += attn_compare(&cmp[k++], ATTN_T_DQ, p, a->dq, NULL, r.dq, o ? o->dq_m : NULL, NULL, NULL,
+                                  2.0);
+            fails += attn_compare(&cmp[k++], ATTN_T_DK, p, a->dk, NULL, r.dk, o ? o->dk_m : NULL, NULL, NULL,
+                                  2.0);
+            fails += attn_compare(&cmp[k++], ATTN_T_DV, p, a->dv, NULL, r.dv, o ? o->dv_m : NULL, NULL, NULL,
+                                  2.0);
         }
         *ncmp = k;
     }
@@ -241,9 +252,10 @@ void attn_cmp_print(FILE *f, const attn_cmp *c)
         fprintf(f, " (bound %.2e%s)", c->nw_bound, c->nw_fail ? ": EXCEEDED" : "");
     fprintf(f, "  worst err/tol %.2f  %zu of %zu mismatch%s  (tol %g*u*(|r|+%s)", c->worst,
             c->mismatches, c->checked, c->mismatches == 1 ? "" : "es", c->c, lse ? "1" : "s");
-    if (c->c_acc > 0) fprintf(f, " + %g*u_acc*t, u=%.3g, u_acc=2^-13)\n", c->c_acc, c->u);
-    else if (lse) fprintf(f, ", u=%.3g)\n", c->u);
-    else fprintf(f, ", u=%.3g, s=%.3g)\n", c->u, c->s);
+    if (c->c_acc > 0) fprintf(f, " + %g*u_acc*%s", c->c_acc, lse ? "t" : "t'");
+    if (lse) fprintf(f, ", u=%.3g", c->u);
+    else fprintf(f, ", u=%.3g, s=%.3g", c->u, c->s);
+    fputs(c->c_acc > 0 ? ", u_acc=2^-13)\n" : ")\n", f);
     for (int k = 0; k < c->nfirst; k++) {
         const double r = c->first[k].want, tol = c->first[k].tol;
         if (lse)

@@ -11,7 +11,8 @@
  * the rounding error a kernel makes in that sum, used by the tolerance (check.c); for dQ
  * and dK it includes the error of D computed from a 16-bit O, as kernels do. For e4m3 it also
  * computes, per query row, the size of the addends of its scores (attn_ref.lse_m), the scale of
- * the fp8 tensor cores' error in L.
+ * the fp8 tensor cores' error in L, and from it a bound on that error's share in O
+ * (attn_ref.o_acc, a second pass over the row's keys once O is known).
  * Work is split by rows over a few pthreads. */
 #include <math.h>
 #include <pthread.h>
@@ -151,7 +152,7 @@ oom:
 void attn_ref_free(attn_ref *r)
 {
     free(r->o); free(r->lse); free(r->lse_m); free(r->dq); free(r->dk); free(r->dv);
-    free(r->o_m); free(r->dq_m); free(r->dk_m); free(r->dv_m);
+    free(r->o_m); free(r->o_acc); free(r->dq_m); free(r->dk_m); free(r->dv_m);
     memset(r, 0, sizeof *r);
 }
 
@@ -224,7 +225,62 @@ static const float *kvrow(const octx *c, const float *x, int b, int j, int g)
     return x + (((size_t)b * p->N_k + j) * p->H_kv + g) * p->d;
 }
 
-/* forward of query row r = (b*N_q + i)*H + h; scratch holds N_k doubles */
+/* e4m3: the fp8 accumulator's share in O (attn_ref.o_acc). Score j of row i is off by at most
+ * e_j = c_acc u_acc scale sum_s a_ijs (L's rule, check.c; acc_err), in the units of S. With
+ * the kernel's P~_j = P_j e^{dS_j} / Z, Z = sum_k P_k e^{dS_k} >= Z_lo = sum_k P_k e^{-e_k}:
+ *     O~_i - O_i = sum_j (P~_j - P_j) (V_j - O_i) = sum_j P_j (e^{dS_j} - 1) (V_j - O_i) / Z
+ * (sum_j P_j (V_j - O_i) = 0), so |O~_ic - O_ic| is at most each of
+ *     x1 = sum_j P_j (e^{e_j} - 1) |V_jc - O_ic| / Z_lo     (to first order c_acc u_acc scale
+ *                                                           sum_j P_j (sum_s a_ijs) |V_jc - O_ic|)
+ *     x2 = sum_j min(1, P_j e^{e_j} / Z_lo) |V_jc - O_ic|   (|P~_j - P_j| <= max(P~_j, P_j))
+ *     max_j V_jc - min_j V_jc                               (O~_i and O_i are means of the V_j)
+ * and the least of them is the bound. On normal inputs e_j is about 10^-3 and x1 is its first
+ * order; with large logits (scores of order 10^4) e_j is tens, two keys whose scores lie a few
+ * units apart can swap (tests/test_fp8.c), and x2 keeps to the keys within reach of the
+ * largest score. */
+#define ACC_EXP_MAX 300.0   /* past it V's range only: below, P_j e^{e_j} / Z_lo <= N e^{2 e_max} */
+
+static double acc_err(const attn_problem *p, double addends)
+{
+    return ATTN_TOL_C_ACC * ATTN_U_ACC * (double)p->scale * addends;
+}
+
+/* x: 4 d doubles, x1, x2, min and max of V_jc over the keys (acc_row reads them) */
+static void acc_begin(double *x, int d)
+{
+    for (int e = 0; e < 2 * d; e++) x[e] = 0.0;
+    for (int e = 0; e < d; e++) {
+        x[2 * d + e] = INFINITY;
+        x[3 * d + e] = -INFINITY;
+    }
+}
+
+/* key j (probability pj, error bound ej) of a row with Z_lo = zlo, the largest e_j emax */
+static void acc_key(double *x, const double *o, const float *vj, double pj, double ej, double zlo,
+                    double emax, int d)
+{
+    const int big = emax > ACC_EXP_MAX;
+    const double w1 = big ? 0.0 : pj * expm1(ej) / zlo, w2 = big ? 0.0 : fmin(1.0, pj * exp(ej) / zlo);
+    for (int e = 0; e < d; e++) {
+        const double dv = fabs(vj[e] - o[e]);
+        x[e] += w1 * dv;
+        x[d + e] += w2 * dv;
+        if (vj[e] < x[2 * d + e]) x[2 * d + e] = vj[e];
+        if (vj[e] > x[3 * d + e]) x[3 * d + e] = vj[e];
+    }
+}
+
+/* the bound into oa, over c_acc u_acc: check.c multiplies O's term back as it does L's t */
+static void acc_row(double *oa, const double *x, double emax, int d)
+{
+    for (int e = 0; e < d; e++) {
+        const double lo = x[2 * d + e], hi = x[3 * d + e], range = hi >= lo ? hi - lo : 0.0;
+        const double bound = emax > ACC_EXP_MAX ? range : fmin(fmin(x[e], x[d + e]), range);
+        oa[e] = bound / (ATTN_TOL_C_ACC * ATTN_U_ACC);
+    }
+}
+
+/* forward of query row r = (b*N_q + i)*H + h; scratch holds N_k + 4 d doubles */
 static void fwd_row(octx *c, size_t r, double *s)
 {
     const attn_problem *p = c->p;
@@ -241,7 +297,7 @@ static void fwd_row(octx *c, size_t r, double *s)
     double l = 0.0;
     for (int j = lo; j < hi; j++)
         if (tile_on(c, b, h, i, j)) { s[j] = exp(s[j] - m); l += s[j]; }
-    double *o = c->r->o + r * d, *om = c->r->o_m + r * d, t = 0.0;
+    double *o = c->r->o + r * d, *om = c->r->o_m + r * d, t = 0.0, zlo = 0.0, emax = 0.0;
     for (int e = 0; e < d; e++) o[e] = om[e] = 0.0;
     for (int j = lo; j < hi; j++) {
         if (!tile_on(c, b, h, i, j)) continue;
@@ -251,9 +307,24 @@ static void fwd_row(octx *c, size_t r, double *s)
             o[e] += pj * vj[e];
             om[e] += (pj * vj[e]) * (pj * vj[e]);
         }
-        if (c->r->lse_m) t += pj * kstep_addends(qi, kvrow(c, c->k, b, j, g), d);
+        if (c->r->lse_m) {
+            const double a = kstep_addends(qi, kvrow(c, c->k, b, j, g), d), ej = acc_err(p, a);
+            t += pj * a;
+            zlo += pj * exp(-ej);
+            emax = fmax(emax, ej);
+        }
     }
     for (int e = 0; e < d; e++) om[e] = sqrt(om[e]);
+    if (c->r->o_acc) {   /* a second pass, O_i known; the addends again (cheaper than storing them) */
+        double *x = s + p->N_k;
+        acc_begin(x, d);
+        for (int j = lo; j < hi; j++) {
+            if (!tile_on(c, b, h, i, j)) continue;
+            const float *kj = kvrow(c, c->k, b, j, g), *vj = kvrow(c, c->v, b, j, g);
+            acc_key(x, o, vj, s[j] / l, acc_err(p, kstep_addends(qi, kj, d)), zlo, emax, d);
+        }
+        acc_row(c->r->o_acc + r * d, x, emax, d);
+    }
     c->r->lse[((size_t)b * p->H + h) * p->N_q + i] = m + log(l);
     if (c->r->lse_m) c->r->lse_m[((size_t)b * p->H + h) * p->N_q + i] = (double)p->scale * t;
     if (c->D) {
@@ -272,13 +343,13 @@ static void fwd_row(octx *c, size_t r, double *s)
  * K and V read once for all of them instead of once per row: a loop interchange of fwd_row,
  * which keeps each row's own order of operations, so every result is bitwise fwd_row's. At
  * N = 10^6 a row-by-row pass streams a head's K and V (1 GiB) once per sampled row.
- * s holds rows x N_k doubles. */
+ * s holds rows x (N_k + 4 d) doubles. */
 static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
 {
     const attn_problem *p = c->p;
     const int d = p->d, Nk = p->N_k;
     const int h = (int)(rs[0] % p->H), b = (int)(rs[0] / p->H / p->N_q), g = h / c->G;
-    double m[SAMPLE_ROWS], l[SAMPLE_ROWS], tm[SAMPLE_ROWS];
+    double m[SAMPLE_ROWS], l[SAMPLE_ROWS], tm[SAMPLE_ROWS], zlo[SAMPLE_ROWS], emax[SAMPLE_ROWS];
     int lo[SAMPLE_ROWS], hi[SAMPLE_ROWS], row[SAMPLE_ROWS];
     const float *qi[SAMPLE_ROWS];
     for (int t = 0; t < rows; t++) {
@@ -287,7 +358,7 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
         row[t] = i;
         qi[t] = qrow(c, c->q, b, i, h);
         m[t] = -INFINITY;
-        l[t] = tm[t] = 0.0;
+        l[t] = tm[t] = zlo[t] = emax[t] = 0.0;
     }
     for (int j = 0; j < Nk; j++) {
         const float *kj = kvrow(c, c->k, b, j, g);
@@ -315,13 +386,30 @@ static void fwd_rows(octx *c, const size_t *rs, int rows, double *s)
                 o[e] += pj * vj[e];
                 om[e] += (pj * vj[e]) * (pj * vj[e]);
             }
-            if (c->r->lse_m) tm[t] += pj * kstep_addends(qi[t], kj, d);
+            if (c->r->lse_m) {
+                const double a = kstep_addends(qi[t], kj, d), ej = acc_err(p, a);
+                tm[t] += pj * a;
+                zlo[t] += pj * exp(-ej);
+                emax[t] = fmax(emax[t], ej);
+            }
+        }
+    }
+    double *x = s + (size_t)rows * Nk;   /* rows x 4 d: acc_key's sums */
+    if (c->r->o_acc) {   /* fwd_row's second pass, K and V read once for all rows */
+        for (int t = 0; t < rows; t++) acc_begin(x + (size_t)t * 4 * d, d);
+        for (int j = 0; j < Nk; j++) {
+            const float *vj = kvrow(c, c->v, b, j, g), *kj = kvrow(c, c->k, b, j, g);
+            for (int t = 0; t < rows; t++)
+                if (j >= lo[t] && j < hi[t] && tile_on(c, b, h, row[t], j))
+                    acc_key(x + (size_t)t * 4 * d, c->r->o + rs[t] * d, vj, s[(size_t)t * Nk + j] / l[t],
+                            acc_err(p, kstep_addends(qi[t], kj, d)), zlo[t], emax[t], d);
         }
     }
     for (int t = 0; t < rows; t++) {
         const int i = (int)((rs[t] / p->H) % p->N_q);
         double *om = c->r->o_m + rs[t] * d;
         for (int e = 0; e < d; e++) om[e] = sqrt(om[e]);
+        if (c->r->o_acc) acc_row(c->r->o_acc + rs[t] * d, x + (size_t)t * 4 * d, emax[t], d);
         c->r->lse[((size_t)b * p->H + h) * p->N_q + i] = m[t] + log(l[t]);
         if (c->r->lse_m) c->r->lse_m[((size_t)b * p->H + h) * p->N_q + i] = (double)p->scale * tm[t];
     }
@@ -435,7 +523,7 @@ static void *worker(void *arg)
         }
     } else if (jb->phase == PH_FWD && c->need_fwd && (!c->D || c->own_lse)) {
         /* a sampled forward: at most SAMPLE_ROWS rows per head, one head at a time */
-        double *scratch = malloc(sizeof(double) * SAMPLE_ROWS * (size_t)p->N_k);
+        double *scratch = malloc(sizeof(double) * SAMPLE_ROWS * ((size_t)p->N_k + 4 * (size_t)p->d));
         if (!scratch) { jb->oom = 1; return NULL; }
         size_t rs[SAMPLE_ROWS];
         for (int bh = jb->tid; bh < p->B * p->H; bh += jb->nt) {
@@ -449,7 +537,7 @@ static void *worker(void *arg)
         }
         free(scratch);
     } else if (jb->phase == PH_FWD) {
-        double *scratch = malloc(sizeof(double) * (size_t)p->N_k);
+        double *scratch = malloc(sizeof(double) * ((size_t)p->N_k + 4 * (size_t)p->d));
         if (!scratch) { jb->oom = 1; return NULL; }
         size_t n = (size_t)p->B * p->N_q * p->H;
         for (size_t r = (size_t)jb->tid; r < n; r += (size_t)jb->nt)
@@ -519,7 +607,7 @@ static void run_D(octx *c, const uint16_t *run_o)
 
 static int oracle(const attn_problem *p, const float *q, const float *k, const float *v,
                   const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r,
-                  const uint16_t *run_o, const unsigned char *bmask, int with_lse_m)
+                  const uint16_t *run_o, const unsigned char *bmask, int with_acc)
 {
     memset(r, 0, sizeof *r);
     if (dir == ATTN_BACKWARD && s && s->assisted && !run_o) return -1;
@@ -533,12 +621,18 @@ static int oracle(const attn_problem *p, const float *q, const float *k, const f
     r->o = malloc(nq * sizeof(double));
     r->o_m = malloc(nq * sizeof(double));
     r->lse = malloc(attn_numel_lse(p) * sizeof(double));
-    if (with_lse_m) r->lse_m = malloc(attn_numel_lse(p) * sizeof(double));
-    if (!r->o || !r->o_m || !r->lse || (with_lse_m && !r->lse_m)) goto out;
+    if (with_acc) {
+        r->lse_m = malloc(attn_numel_lse(p) * sizeof(double));
+        r->o_acc = malloc(nq * sizeof(double));
+    }
+    if (!r->o || !r->o_m || !r->lse || (with_acc && (!r->lse_m || !r->o_acc))) goto out;
     /* unset rows stay NaN (all-ones bits), so a bug in the sampling shows up as a mismatch */
     memset(r->o, 0xFF, nq * sizeof(double));
     memset(r->lse, 0xFF, attn_numel_lse(p) * sizeof(double));
-    if (with_lse_m) memset(r->lse_m, 0xFF, attn_numel_lse(p) * sizeof(double));
+    if (with_acc) {
+        memset(r->lse_m, 0xFF, attn_numel_lse(p) * sizeof(double));
+        memset(r->o_acc, 0xFF, nq * sizeof(double));
+    }
     if (dir == ATTN_FORWARD) {
         c.need_fwd = s ? s->mask_q : NULL;
     } else {
@@ -597,7 +691,7 @@ int attn_oracle_unquantized(const attn_host *t, const attn_sample *s, attn_ref *
 {
     memset(r, 0, sizeof *r);
     if (t->p.dtype != ATTN_E4M3 || t->period) return -1;
-    /* the RMSE's reference: no L, so no lse_m */
+    /* the RMSE's reference: no check, so no accumulator terms (lse_m, o_acc) */
     return oracle(&t->p, t->q32, t->k32, t->v32, NULL, ATTN_FORWARD, s, r, NULL, t->block_mask, 0);
 }
 
