@@ -241,6 +241,14 @@ static __device__ __forceinline__ void bar_sync(int id, int threads)
     asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
 }
 
+/* bar_sync for a warp whose threads may arrive apart (after a branch that one thread took, with
+ * waits in it): bar.sync is barrier.sync.aligned, which requires the whole warp to execute the
+ * one instruction together; barrier.sync without .aligned does not (synccheck holds to it). */
+static __device__ __forceinline__ void bar_sync_apart(int id, int threads)
+{
+    asm volatile("barrier.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
 static __device__ __forceinline__ void bar_arrive(int id, int threads)
 {
     asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");

@@ -649,8 +649,7 @@ static __device__ __forceinline__ void load_tiles(const attn_problem p, const at
         }
         /* Every producer thread has read the post of tile t (at the end of the last tile):
          * thread 0 may post tile t + 2 in its slot (the consumers' part: Q's empty barrier). */
-        __syncwarp();
-        bar_sync(BAR_PRODUCER, WARPGROUP);
+        bar_sync_apart(BAR_PRODUCER, WARPGROUP);
         if (lead) {
             const int h_kv = h / (p.H / p.H_kv);
             for (int j = 0; j < Tc; j++) {

@@ -490,6 +490,9 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
             entry_keys(c, st, d, &key0, &k_lo, &k_hi);
             mask_scores(s, bc / MMA_N, c->row, key0 + 2 * (lane % QUAD), k_lo, k_hi, c->w);
         }
+        /* Every lane's read of the entry (step_mask, entry_keys) before lane 0 frees the stage
+         * and its slot: lane 0's arrive releases only its own reads. */
+        __syncwarp();
         if (lane == 0) mbar_arrive(sm.empty_k + 8 * st);   /* this warp is done with K_j */
 
         /* Online softmax in the log2 domain, as in 06 and 07: m holds max(S) * scale * log2(e). */
