@@ -683,7 +683,7 @@ static __device__ __forceinline__ void transpose_tiles(const attn_problem p, int
         int b, h, i0;
         tile_of(p, G, u, d, &b, &h, &i0);
         const int end = n + (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
-        bar_sync(BAR_PRODUCER, WARPGROUP);   /* this warp has read tile t's post */
+        bar_sync_apart(BAR_PRODUCER, WARPGROUP);   /* this warp has read tile t's post */
         /* d = 256: Vt's ring holds the last tile's O until its store has read it. */
         if (d == 256 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
         for (; n < end; n++) transpose_tile(sm, n, d);

@@ -394,7 +394,11 @@ static __device__ __forceinline__ void entry_keys(const consumer *c, int st, con
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const fa3_smem sm = smem_layout(d);
-    const int e = ((volatile int *)(smem + (sm.entry - sm.Q)))[st];
+    /* Lane 0 reads the slot and hands the entry to its warp: its arrive on K's empty barrier
+     * then releases the slot's only read (an arrive releases its own thread's accesses). */
+    int e = 0;
+    if (threadIdx.x % WARP == 0) e = ((volatile int *)(smem + (sm.entry - sm.Q)))[st];
+    e = __shfl_sync(0xffffffffu, e, 0);
     const int j0 = entry_tile(e) * Bc(d), j1 = min(j0 + Bc(d), c->p->N_k);
     const int bits = e >> (ENTRY_BITS + 2 * c->cw), mid = min(j1, (j0 / MASK_TILE + 1) * MASK_TILE);
     *key0 = j0;
@@ -490,9 +494,6 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
             entry_keys(c, st, d, &key0, &k_lo, &k_hi);
             mask_scores(s, bc / MMA_N, c->row, key0 + 2 * (lane % QUAD), k_lo, k_hi, c->w);
         }
-        /* Every lane's read of the entry (step_mask, entry_keys) before lane 0 frees the stage
-         * and its slot: lane 0's arrive releases only its own reads. */
-        __syncwarp();
         if (lane == 0) mbar_arrive(sm.empty_k + 8 * st);   /* this warp is done with K_j */
 
         /* Online softmax in the log2 domain, as in 06 and 07: m holds max(S) * scale * log2(e). */
