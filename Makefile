@@ -203,10 +203,14 @@ ifeq ($(PART),hopper)
 else ifneq ($(PART),)
 	PART=$(PART) sh plots/bench.sh
 else
-	sh plots/bench.sh
-	PART=hopper STAGES="06_fa2 $(HOPPER_STAGES) torch" sh plots/bench.sh
-	$(if $(FP8_STAGE),sh plots/fp8_rmse.sh)
-	sh plots/bytes.sh || echo "bench: no DRAM byte counts (plots/bytes.sh, above, says why)"
+	@t0=$$(date +%s); \
+	sh plots/bench.sh && \
+	PART=hopper STAGES="06_fa2 $(HOPPER_STAGES) torch" sh plots/bench.sh && \
+	$(if $(FP8_STAGE),sh plots/fp8_rmse.sh &&) \
+	{ sh plots/bytes.sh || echo "bench: no DRAM byte counts (plots/bytes.sh, above, says why)"; }; \
+	rc=$$?; t=$$(( $$(date +%s) - t0 )); \
+	echo "bench: $$([ $$rc = 0 ] && echo 'every part' || echo 'stopped by a failure') after $$((t / 60)) min $$((t % 60)) s"; \
+	exit $$rc
 endif
 
 bytes: all
