@@ -520,6 +520,19 @@ Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
 
 /* ---- e4m3's accumulator terms: the fp8 tensor cores' sums in L and O ----------------- */
 
+/* The oracle of t's forward on two rows only (row 17 of head 1, row 39 of head 3: a sample), into
+ * part, to show that a sampled run gives those rows the values of the full one. */
+static void oracle_two_rows(const attn_host *t, attn_ref *part)
+{
+    attn_sample s = { 0 };
+    s.mask_q = calloc((size_t)t->p.N_q * t->p.H, 1);
+    cr_assert_not_null(s.mask_q);
+    s.mask_q[(size_t)17 * t->p.H + 1] = s.mask_q[(size_t)39 * t->p.H + 3] = 1;
+    s.sampled = 1;
+    cr_assert_eq(attn_oracle(t, ATTN_FORWARD, &s, part), 0);
+    attn_sample_free(&s);
+}
+
 /* The oracle's t_i (attn_ref.lse_m), e4m3 only: scale sum_j P_ij sum_s (the largest addend of
  * k-step s), against a direct computation (d = 80: a last step of 16 columns; causal, GQA); a
  * sampled row's bit for bit the full oracle's. */
@@ -561,16 +574,10 @@ Test(fp8, oracle_addend_size)
             cr_assert(fabs(r.lse_m[li] - want) <= 1e-12 * want, "h %d i %d: %.17g, want %.17g", h, i,
                       r.lse_m[li], want);
         }
-    attn_sample s = { 0 };
-    s.mask_q = calloc((size_t)p.N_q * p.H, 1);
-    cr_assert_not_null(s.mask_q);
-    s.mask_q[(size_t)17 * p.H + 1] = s.mask_q[(size_t)39 * p.H + 3] = 1;
-    s.sampled = 1;
-    cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, &s, &part), 0);
+    oracle_two_rows(&t, &part);
     cr_assert(part.lse_m[1 * p.N_q + 17] == r.lse_m[1 * p.N_q + 17]);
     cr_assert(part.lse_m[3 * p.N_q + 39] == r.lse_m[3 * p.N_q + 39]);
     cr_assert(isnan(part.lse_m[0]), "a row outside the sample is set");
-    attn_sample_free(&s);
     attn_ref_free(&part);
     attn_ref_free(&r);
     free(q); free(k); free(v);
@@ -671,18 +678,12 @@ Test(fp8, oracle_o_accumulator_bound)
                       "elements capped", ratio_max, capped);
         else
             cr_assert(capped > 0, "large logits: no element past x1");
-        attn_sample s = { 0 };
-        s.mask_q = calloc((size_t)p.N_q * p.H, 1);
-        cr_assert_not_null(s.mask_q);
-        s.mask_q[(size_t)17 * p.H + 1] = s.mask_q[(size_t)39 * p.H + 3] = 1;
-        s.sampled = 1;
-        cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, &s, &part), 0);
+        oracle_two_rows(&t, &part);
         for (int c = 0; c < d; c++) {
             cr_assert(part.o_acc[((size_t)17 * p.H + 1) * d + c] == r.o_acc[((size_t)17 * p.H + 1) * d + c]);
             cr_assert(part.o_acc[((size_t)39 * p.H + 3) * d + c] == r.o_acc[((size_t)39 * p.H + 3) * d + c]);
         }
         cr_assert(isnan(part.o_acc[0]), "a row outside the sample is set");
-        attn_sample_free(&s);
         attn_ref_free(&part);
         attn_ref_free(&r);
         free(q); free(k); free(v);
