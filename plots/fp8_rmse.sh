@@ -35,7 +35,8 @@ for p in "$BUILD_DIR"/[0-9][0-9]_*; do
     [ -x "$p" ] || continue
     "$p" --dtype e4m3 --seqlen 128 --dim 128 > /dev/null 2>&1 && progs="$progs ${p##*/}"
 done
-[ -n "$progs" ] || { echo "fp8_rmse: no program under $BUILD_DIR runs --dtype e4m3" >&2; exit 2; }
+# (none on a GPU without the fp8 stage's instructions: nothing to measure, and no file written)
+[ -n "$progs" ] || { echo "fp8_rmse: no program under $BUILD_DIR runs --dtype e4m3 on this GPU: no RMSE rows"; exit 0; }
 
 echo "gpu,stage,d,N,inputs,hadamard,rmse,rms_o,check,status" > "$WORK/csv"
 for s in $progs; do
