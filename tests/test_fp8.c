@@ -403,6 +403,23 @@ static float *fp8_scores(const attn_host *t)
 
 typedef struct { int B, H, H_kv, N_q, N_k, d, causal; attn_input_kind kind; float v_mean; } fp8case;
 
+/* Case k's inputs drawn with seed (V shifted by k->v_mean) and quantized to e4m3, their oracle in
+ * r, the shape's one-line name in desc; returns the scores as the fp8 tensor cores sum them
+ * (fp8_scores; the caller frees them, r and t). */
+static float *fp8_case(const fp8case *k, uint64_t seed, attn_host *t, attn_ref *r, char *desc, size_t n)
+{
+    attn_problem p = test_problem(k->B, k->H, k->H_kv, k->N_q, k->N_k, k->d, k->causal);
+    p.dtype = ATTN_E4M3;
+    char err[ATTN_MSG_LEN];
+    cr_assert_eq(attn_host_alloc(t, &p, 0), 0);
+    attn_host_fill(t, seed, k->kind);
+    for (size_t e = 0; e < attn_numel_kv(&p); e++) t->v32[e] += k->v_mean;
+    cr_assert_eq(attn_host_quantize(t, 0, 0, err), 0, "%s", err);
+    cr_assert_eq(attn_oracle(t, ATTN_FORWARD, NULL, r), 0);
+    attn_problem_str(&p, "simulated", ATTN_FORWARD, desc, n);
+    return fp8_scores(t);
+}
+
 /* What O's accumulator term (c_acc u_acc o_acc) adds, from c, a comparison of t's O with r over
  * every row: the mean and the largest ratio of the element-wise bounds with and without it, the
  * ratio of the norm-wise ones; and whether t's O fails the rule without it. */
@@ -455,19 +472,10 @@ Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int seed = 0; seed < 2; seed++) {
             const fp8case *k = &cases[ci];
-            attn_problem p = test_problem(k->B, k->H, k->H_kv, k->N_q, k->N_k, k->d, k->causal);
-            p.dtype = ATTN_E4M3;
             attn_host t;
-            char err[ATTN_MSG_LEN];
-            cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
-            attn_host_fill(&t, 100 + 10 * ci + seed, k->kind);
-            for (size_t e = 0; e < attn_numel_kv(&p); e++) t.v32[e] += k->v_mean;
-            cr_assert_eq(attn_host_quantize(&t, 0, 0, err), 0, "%s", err);
             attn_ref r;
-            cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
             char desc[256];
-            attn_problem_str(&p, "simulated", ATTN_FORWARD, desc, sizeof desc);
-            float *qk = fp8_scores(&t);
+            float *qk = fp8_case(k, 100 + 10 * ci + seed, &t, &r, desc, sizeof desc);
             for (int how = 0; how < 4; how++) {
                 simulate_fp8(&t, how, qk);
                 attn_cmp c[5];
@@ -805,18 +813,11 @@ Test(fp8, o_rule_accumulator_large_logits, .timeout = 300)
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int seed = 0; seed < 8; seed++) {
             const fp8case *k = &cases[ci];
-            attn_problem p = test_problem(k->B, k->H, k->H_kv, k->N_q, k->N_k, k->d, k->causal);
-            p.dtype = ATTN_E4M3;
             attn_host t;
-            char err[ATTN_MSG_LEN];
-            cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
-            attn_host_fill(&t, ci == 0 && seed == 0 ? 7919ull * 5009 + 1 : 600 + 10 * ci + seed, k->kind);
-            cr_assert_eq(attn_host_quantize(&t, 0, 0, err), 0, "%s", err);
             attn_ref r;
-            cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
             char desc[256];
-            attn_problem_str(&p, "simulated", ATTN_FORWARD, desc, sizeof desc);
-            float *qk = fp8_scores(&t);
+            float *qk = fp8_case(k, ci == 0 && seed == 0 ? 7919ull * 5009 + 1 : 600 + 10 * ci + seed, &t, &r,
+                                 desc, sizeof desc);
             for (int how = SIM_CORRECT; how <= SIM_P_PERMUTED; how++) {
                 simulate_fp8(&t, how, qk);
                 attn_cmp c[5];
