@@ -528,6 +528,24 @@ Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
 
 /* ---- e4m3's accumulator terms: the fp8 tensor cores' sums in L and O ----------------- */
 
+/* q_i . k_j into *S, and the sum over its k-steps of 32 columns of the largest addend of each (the
+ * running sum so far, or a product of the step), computed directly: what the oracle's t sums. */
+static double kstep_addends(const float *qi, const float *kj, int d, double *S)
+{
+    double acc = 0.0, steps = 0.0;
+    *S = 0.0;
+    for (int c = 0; c < d; c++) *S += (double)qi[c] * kj[c];
+    for (int c0 = 0; c0 < d; c0 += 32) {
+        double big = fabs(acc);
+        for (int c = c0; c < c0 + 32 && c < d; c++) {
+            big = fmax(big, fabs((double)qi[c] * kj[c]));
+            acc += (double)qi[c] * kj[c];
+        }
+        steps += big;
+    }
+    return steps;
+}
+
 /* The oracle of t's forward on two rows only (row 17 of head 1, row 39 of head 3: a sample), into
  * part, to show that a sampled run gives those rows the values of the full one. */
 static void oracle_two_rows(const attn_host *t, attn_ref *part)
@@ -566,16 +584,8 @@ Test(fp8, oracle_addend_size)
             double want = 0.0;
             for (int j = lo; j < hi; j++) {
                 const float *kj = k + ((size_t)j * p.H_kv + h / G) * d;
-                double S = 0.0, acc = 0.0, steps = 0.0;
-                for (int c = 0; c < d; c++) S += (double)qi[c] * kj[c];
-                for (int c0 = 0; c0 < d; c0 += 32) {
-                    double big = fabs(acc);
-                    for (int c = c0; c < c0 + 32 && c < d; c++) {
-                        big = fmax(big, fabs((double)qi[c] * kj[c]));
-                        acc += (double)qi[c] * kj[c];
-                    }
-                    steps += big;
-                }
+                double S;
+                const double steps = kstep_addends(qi, kj, d, &S);
                 want += exp(p.scale * S - r.lse[li]) * steps;
             }
             want *= p.scale;
@@ -640,16 +650,8 @@ Test(fp8, oracle_o_accumulator_bound)
                 double zlo = 0.0;
                 for (int j = lo; j < hi; j++) {
                     const float *kj = k + ((size_t)j * p.H_kv + h / G) * d;
-                    double S = 0.0, acc = 0.0, steps = 0.0;
-                    for (int c0 = 0; c0 < d; c0 += 32) {
-                        double big = fabs(acc);
-                        for (int c = c0; c < c0 + 32 && c < d; c++) {
-                            big = fmax(big, fabs((double)qi[c] * kj[c]));
-                            acc += (double)qi[c] * kj[c];
-                        }
-                        steps += big;
-                    }
-                    for (int c = 0; c < d; c++) S += (double)qi[c] * kj[c];
+                    double S;
+                    const double steps = kstep_addends(qi, kj, d, &S);
                     P[j] = exp(p.scale * S - r.lse[(size_t)h * p.N_q + i]);
                     e[j] = unit * p.scale * steps;
                     zlo += P[j] * exp(-e[j]);
