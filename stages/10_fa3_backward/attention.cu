@@ -10,8 +10,9 @@
  *   (keys as rows): Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ from shared memory; Pᵀ and dSᵀ in
  *   registers, already the A operand of dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i; dSᵀ stored once
  *   for dQ_i = dS K_j, which each consumer computes a 64 x 64 part of from shared memory.
- * - dQ_i: fp32 atomics from the accumulators into the workspace, in fragment order (coalesced).
- *   dK_j, dV_j: written once, through K_j's and V_j's tiles, by TMA store.
+ * - dQ_i: fp32 atomics from the accumulators into the workspace, in fragment order (coalesced);
+ *   --deterministic: a writer warp adds each step's dQ_i by bulk reduce, in a fixed order of
+ *   the key tiles, while the consumers go on. dK_j, dV_j: written once, by TMA store.
  * Why: the backward is 2.5x the forward's FLOPs, and stage 6's mma.sync kernel runs it at about
  *   0.63x cuDNN on an H200.
  * Expected: FA-3 reports 1.5-1.75x FA-2's backward; the goal is cuDNN's (docs/10_fa3_backward.md).
