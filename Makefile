@@ -13,7 +13,8 @@
 #   make sanitize         compute-sanitizer memcheck/racecheck/initcheck/synccheck (GPU)
 #   make bench / plots    plots/bench.sh (the sweep, long context, masks; then PART=hopper: the
 #                         Hopper stages at d = 64, 128, 256, and the e4m3 forward of those that
-#                         have one beside cuDNN's) and plots/bytes.sh (GPU);
+#                         have one beside cuDNN's; then plots/fp8_rmse.sh, the e4m3 forward's
+#                         RMSE) and plots/bytes.sh (GPU);
 #                         plots/plots.sh. make bench PART=sweep|long|masks|hopper: that part
 #                         alone, its CSV replaced whole
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
@@ -198,11 +199,13 @@ sanitize: all
 bench: all
 ifeq ($(PART),hopper)
 	PART=hopper STAGES="06_fa2 $(HOPPER_STAGES) torch" sh plots/bench.sh
+	$(if $(FP8_STAGE),sh plots/fp8_rmse.sh)
 else ifneq ($(PART),)
 	PART=$(PART) sh plots/bench.sh
 else
 	sh plots/bench.sh
 	PART=hopper STAGES="06_fa2 $(HOPPER_STAGES) torch" sh plots/bench.sh
+	$(if $(FP8_STAGE),sh plots/fp8_rmse.sh)
 	sh plots/bytes.sh || echo "bench: no DRAM byte counts (plots/bytes.sh, above, says why)"
 endif
 

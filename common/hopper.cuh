@@ -40,24 +40,41 @@
 
 /* ---- host: tensor maps ------------------------------------------------------------------- */
 
-/* A tensor map of a [B, N, heads, d] 16-bit tensor (Q, K, V or O) for boxes of 64 columns x
- * box_rows rows of one (batch, head), 128-byte swizzled. Dimensions innermost first: column
- * (d), row (N, stride heads * d elements), head (stride d), batch. Rows past N read as zeros
- * (and a store there writes nothing). cuTensorMapEncodeTiled is a driver function: reached
- * through the runtime's entry-point query, so the program needs no -lcuda. 0 on success. */
-static inline int hopper_tensor_map(CUtensorMap *map, const void *base, attn_dtype t, int d, int N,
-                             int heads, int B, int box_rows)
+/* 1 if the current device is compute capability 9.0 (what sm_90a code runs on), else 0. */
+static inline int hopper_device_sm90(void)
+{
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+           major == 9 && minor == 0;
+}
+
+/* cuTensorMapEncodeTiled, a driver function: reached through the runtime's entry-point query,
+ * so the program needs no -lcuda. NULL if the driver lacks it. */
+static inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(void)
 {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
     if (!encode) {
         cudaDriverEntryPointQueryResult found;
         void *fn = NULL;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                             cudaEnableDefault, &found) != cudaSuccess ||
-            found != cudaDriverEntryPointSuccess || !fn)
-            return -1;
-        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+                                             cudaEnableDefault, &found) == cudaSuccess &&
+            found == cudaDriverEntryPointSuccess && fn)
+            encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
     }
+    return encode;
+}
+
+/* A tensor map of a [B, N, heads, d] 16-bit tensor (Q, K, V or O) for boxes of 64 columns x
+ * box_rows rows of one (batch, head), 128-byte swizzled. Dimensions innermost first: column
+ * (d), row (N, stride heads * d elements), head (stride d), batch. Rows past N read as zeros
+ * (and a store there writes nothing). 0 on success. */
+static inline int hopper_tensor_map(CUtensorMap *map, const void *base, attn_dtype t, int d, int N,
+                             int heads, int B, int box_rows)
+{
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return -1;
     const cuuint64_t dims[4] = { (cuuint64_t)d, (cuuint64_t)N, (cuuint64_t)heads, (cuuint64_t)B };
     const cuuint64_t row = (cuuint64_t)heads * d * 2;   /* bytes; dimension 0 is contiguous */
     const cuuint64_t strides[3] = { row, (cuuint64_t)d * 2, row * N };
@@ -76,16 +93,8 @@ static inline int hopper_tensor_map(CUtensorMap *map, const void *base, attn_dty
 static inline int hopper_tensor_map_8bit(CUtensorMap *map, const void *base, int d, int N, int heads,
                                          int B, int box_rows)
 {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-        void *fn = NULL;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                             cudaEnableDefault, &found) != cudaSuccess ||
-            found != cudaDriverEntryPointSuccess || !fn)
-            return -1;
-        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    }
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return -1;
     const cuuint64_t dims[4] = { (cuuint64_t)d, (cuuint64_t)N, (cuuint64_t)heads, (cuuint64_t)B };
     const cuuint64_t row = (cuuint64_t)heads * d;   /* bytes */
     const cuuint64_t strides[3] = { row, (cuuint64_t)d, row * N };

@@ -26,7 +26,7 @@
 #      appended to both files.
 #   4. The masks: B = 2, H = 16, d = 128, N = 8192 (MASKS_N), bf16, forward and backward, one
 #      pattern after the other (MASK_PATTERNS): dense, dense causal, --mask random:0.5, 0.25,
-#      0.1, and --causal --window 1024; the dense ones for MASKS_REF (06_fa2) and the programs
+#      0.1, and --causal --window 4096 and 1024; the dense ones for MASKS_REF (06_fa2) and the programs
 #      with masks, the masked ones for the programs with masks (a dense stage refuses them: see
 #      accepts_masks), and PyTorch's FlexAttention (torch_flex, plots/anchors.py) on the
 #      identical masks: the block mask a stage ran with is saved by its run (--save:
@@ -76,7 +76,7 @@
 #   LONG_ANCHOR_MAX_N  the anchors' long shapes stop there           default: 131072
 #   MASK_PATTERNS  the masks part's patterns, in order: dense, causal, window:W (causal
 #              sliding window), or a --mask PATTERN (random:D, local:W, ...)
-#                          default: "dense causal random:0.5 random:0.25 random:0.1 window:1024"
+#                          default: "dense causal random:0.5 random:0.25 random:0.1 window:4096 window:1024"
 #   MASKS_N    the masks part's N (B = 2, H = 16, d = 128)         default: 8192
 #   ANCHORS=0|1  skip / force the torch anchors            default: 1 unless STAGES omits torch
 #   MERGE=0|1  1: replace only the rows this run measured (same stage, direction, shape and
@@ -291,7 +291,7 @@ LONG_CAUSALS=${LONG_CAUSALS:-"0 1"}
 LONG_WINDOW=${LONG_WINDOW:-4096}
 LONG_WINDOW_NS=${LONG_WINDOW_NS:-$LONG_NS}
 LONG_ANCHOR_MAX_N=${LONG_ANCHOR_MAX_N:-131072}
-MASK_PATTERNS=${MASK_PATTERNS:-"dense causal random:0.5 random:0.25 random:0.1 window:1024"}
+MASK_PATTERNS=${MASK_PATTERNS:-"dense causal random:0.5 random:0.25 random:0.1 window:4096 window:1024"}
 MASKS_REF=${MASKS_REF:-06_fa2}   # the dense stage the masks part also runs (unmasked patterns)
 MASKS_N=${MASKS_N:-8192}
 SWEEP=${SWEEP:-1}

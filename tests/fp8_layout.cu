@@ -139,11 +139,7 @@ static unsigned char to_e4m3(int v)   /* small integers only: |v| <= 8 */
 
 int main(void)
 {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-        major != 9 || minor != 0) {
+    if (!hopper_device_sm90()) {
         printf("fp8_layout: needs a compute capability 9.0 GPU\n");
         return 2;
     }

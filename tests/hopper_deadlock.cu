@@ -22,11 +22,7 @@ static __global__ void wait_forever(void)
 
 int main(void)
 {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-        major != 9 || minor != 0) {
+    if (!hopper_device_sm90()) {
         printf("hopper_deadlock: needs a compute capability 9.0 GPU\n");
         return 2;
     }

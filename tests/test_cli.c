@@ -219,6 +219,27 @@ static const attn_stage fp8_only_stub = { .name = "fp8_only_stub", .summary = "t
                                           .check = refuse_every_shape, .workspace = no_workspace,
                                           .forward = never_runs, .fp8 = ATTN_FP8_ONLY };
 
+/* attn_main in process with the words of args; stderr hidden. Its exit code. */
+static int main_quiet(const attn_stage *st, const char *args)
+{
+    static char buf[2048];
+    static char *argv[128];
+    int argc = 0;
+    snprintf(buf, sizeof buf, "prog %s", args);
+    for (char *tok = strtok(buf, " "); tok && argc < 127; tok = strtok(NULL, " ")) argv[argc++] = tok;
+    argv[argc] = NULL;
+    fflush(stderr);
+    const int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
+    cr_assert(saved >= 0 && devnull >= 0);
+    dup2(devnull, 2);
+    const int rc = attn_main(st, argc, argv);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(devnull);
+    return rc;
+}
+
 /* attn_main on a stand-in stage with the flags of line plus --csv; returns its exit code and
  * the note (the 16th field) of the one row it wrote into note */
 static int main_row_note(const attn_stage *st, const char *line, char *note, size_t n)
@@ -228,20 +249,7 @@ static int main_row_note(const attn_stage *st, const char *line, char *note, siz
     cr_assert(fd >= 0);
     close(fd);
     snprintf(args, sizeof args, "%s --csv %s", line, csv);
-    static char *argv[64];
-    int argc = 0;
-    argv[argc++] = "prog";
-    for (char *tok = strtok(args, " "); tok && argc < 63; tok = strtok(NULL, " ")) argv[argc++] = tok;
-    argv[argc] = NULL;
-    fflush(stderr);   /* its one line of refusal, expected here, is not shown */
-    const int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
-    cr_assert(saved >= 0 && devnull >= 0);
-    dup2(devnull, 2);
-    const int rc = attn_main(st, argc, argv);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(devnull);
+    const int rc = main_quiet(st, args);   /* its one line of refusal, expected here, is not shown */
     FILE *f = fopen(csv, "r");
     int rows = 0;
     note[0] = 0;
@@ -396,27 +404,6 @@ Test(cli, points_lines)
     char most[4096] = "";
     for (int i = 0; i < ATTN_POINT_WORDS; i++) strcat(most, "--causal ");
     cr_assert_eq(parse_point(&c, "--points f", most, err), 0, "%d words refused: %s", ATTN_POINT_WORDS, err);
-}
-
-/* attn_main in process with the words of args; stderr hidden. Its exit code. */
-static int main_quiet(const attn_stage *st, const char *args)
-{
-    static char buf[2048];
-    static char *argv[128];
-    int argc = 0;
-    snprintf(buf, sizeof buf, "prog %s", args);
-    for (char *tok = strtok(buf, " "); tok && argc < 127; tok = strtok(NULL, " ")) argv[argc++] = tok;
-    argv[argc] = NULL;
-    fflush(stderr);
-    const int saved = dup(2), devnull = open("/dev/null", O_WRONLY);
-    cr_assert(saved >= 0 && devnull >= 0);
-    dup2(devnull, 2);
-    const int rc = attn_main(st, argc, argv);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(devnull);
-    return rc;
 }
 
 /* A file's whole text into buf (empty if missing). */

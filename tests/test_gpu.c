@@ -770,6 +770,38 @@ typedef struct {
     const char *mask;   /* attn_mask_generate's pattern, or NULL */
 } mcase;
 
+/* Stage st on a copy of in, direction dir, against the oracle's r; mask names the block mask in
+ * the messages. A failure to run or a mismatch counts one in *failures; a refusal too, unless
+ * may_refuse (then one [INFO] line). 1 if the run was compared, else 0. */
+static int masked_run(const attn_stage *st, const attn_host *in, attn_dir dir, const attn_ref *r,
+                      const char *mask, int may_refuse, int *failures)
+{
+    attn_host t;
+    attn_run_info info;
+    const attn_run_status rs = run_copy(st, in, dir, &t, &info);
+    char shape[256];
+    int ran = 0;
+    attn_problem_str(&in->p, st->name, dir, shape, sizeof shape);
+    if (rs == ATTN_RUN_REFUSED && may_refuse) {
+        fprintf(stderr, "[INFO] %s: refused: %s\n", shape, info.why);
+    } else if (rs != ATTN_RUN_OK) {
+        fprintf(stderr, "%s mask %s: %s\n", shape, mask ? mask : "-", info.why);
+        (*failures)++;
+    } else {
+        attn_cmp c[5];
+        int nc;
+        ran = 1;
+        if (compare_all(c, &nc, &t, dir, r, st->name)) {
+            char what[512];
+            snprintf(what, sizeof what, "%s mask %s: FAIL against the oracle", shape, mask ? mask : "-");
+            print_cmp(what, c, nc);
+            (*failures)++;
+        }
+    }
+    attn_host_free(&t);
+    return ran;
+}
+
 /* Every kind of mask at odd shapes, forward and backward, against the float64 oracle (which
  * masks element by element). Rows that see nothing: a window without causal where N_q > N_k
  * (rows from N_k + W - 1 on, which begin inside a tile), and an all-zero mask. */
@@ -822,28 +854,8 @@ Test(gpu, masks_against_oracle, .timeout = 600)
         attn_ref r;
         cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
         for (int si = 0; si < ns; si++)
-            for (int dir = 0; dir <= 1; dir++) {
-                attn_host t;
-                attn_run_info info;
-                const attn_run_status rs = run_copy(st[si], &in, (attn_dir)dir, &t, &info);
-                char shape[256];
-                attn_problem_str(&in.p, st[si]->name, (attn_dir)dir, shape, sizeof shape);
-                if (rs != ATTN_RUN_OK) {
-                    fprintf(stderr, "%s mask %s: %s\n", shape, mc->mask ? mc->mask : "-", info.why);
-                    failures++;
-                } else {
-                    attn_cmp c[5];
-                    int nc;
-                    if (compare_all(c, &nc, &t, (attn_dir)dir, &r, st[si]->name)) {
-                        char what[512];
-                        snprintf(what, sizeof what, "%s mask %s: FAIL against the oracle", shape,
-                                 mc->mask ? mc->mask : "-");
-                        print_cmp(what, c, nc);
-                        failures++;
-                    }
-                }
-                attn_host_free(&t);
-            }
+            for (int dir = 0; dir <= 1; dir++)
+                masked_run(st[si], &in, (attn_dir)dir, &r, mc->mask, 0, &failures);
         attn_ref_free(&r);
         attn_host_free(&in);
     }
@@ -876,31 +888,7 @@ Test(gpu, masks_head_dim_256_forward, .timeout = 300)
         masked_inputs(&in, &p, mc->mask, test_seed(4300 + k));
         attn_ref r;
         cr_assert_eq(attn_oracle(&in, ATTN_FORWARD, NULL, &r), 0);
-        for (int si = 0; si < ns; si++) {
-            attn_host t;
-            attn_run_info info;
-            const attn_run_status rs = run_copy(st[si], &in, ATTN_FORWARD, &t, &info);
-            char shape[256];
-            attn_problem_str(&in.p, st[si]->name, ATTN_FORWARD, shape, sizeof shape);
-            if (rs == ATTN_RUN_REFUSED) {
-                fprintf(stderr, "[INFO] %s: refused: %s\n", shape, info.why);
-            } else if (rs != ATTN_RUN_OK) {
-                fprintf(stderr, "%s mask %s: %s\n", shape, mc->mask ? mc->mask : "-", info.why);
-                failures++;
-            } else {
-                attn_cmp c[5];
-                int nc;
-                ran++;
-                if (compare_all(c, &nc, &t, ATTN_FORWARD, &r, st[si]->name)) {
-                    char what[512];
-                    snprintf(what, sizeof what, "%s mask %s: FAIL against the oracle", shape,
-                             mc->mask ? mc->mask : "-");
-                    print_cmp(what, c, nc);
-                    failures++;
-                }
-            }
-            attn_host_free(&t);
-        }
+        for (int si = 0; si < ns; si++) ran += masked_run(st[si], &in, ATTN_FORWARD, &r, mc->mask, 1, &failures);
         attn_ref_free(&r);
         attn_host_free(&in);
     }
