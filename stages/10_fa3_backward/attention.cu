@@ -2,7 +2,8 @@
  *
  * Changed from 09_fa3_persistent: its forward, unchanged, and a backward (FA-3 Algorithm 3).
  * - Preprocess (bwd_preprocess): D = rowsum(dO ∘ O) and L in base 2, padded to whole query
- *   tiles, and the fp32 dQ accumulator zeroed. Postprocess: dQ scaled and rounded.
+ *   tiles, and the fp32 dQ accumulator zeroed (deterministic: the first add stores instead).
+ *   Postprocess: dQ scaled and rounded.
  * - One block per key tile of 128 keys of a kv head (K/V outer), looping over the query tiles
  *   (and the query heads of its GQA group) that see those keys. A producer warpgroup loads K_j
  *   and V_j once, then Q_i with L_i and dO_i with D_i by TMA into two rings on mbarriers.
@@ -822,16 +823,18 @@ static __host__ __device__ __forceinline__ size_t bwd_dq_slot(size_t tile, int r
 }
 
 /* Preprocess: for every row of every head, L in base 2 and D_i = rowsum(dO_i ∘ O_i), into the
- * padded rows of the workspace; the dQ accumulator set to zero. A thread per row (the rows of
+ * padded rows of the workspace; the dQ accumulator set to zero (not with --deterministic: there
+ * the first add to each query tile is a store). A thread per row (the rows of
  * a warp are neighbours in O's [B, N, H, d] layout when H > 1). */
 static __global__ void bwd_preprocess(attn_problem p, attn_args a, float *L2, float *D, float *dq_acc,
                                       int *sem)
 {
     const size_t rows = (size_t)p.B * p.H * ((p.N_q + BWD_Br(p.d) - 1) / BWD_Br(p.d) * BWD_Br(p.d));
     const int n_pad = (int)(rows / ((size_t)p.B * p.H)), fp16 = p.dtype == ATTN_FP16;
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * p.d / 4;
-         e += (size_t)gridDim.x * blockDim.x)
-        ((float4 *)dq_acc)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!p.deterministic)   /* deterministic: the first key tile of each query tile's order stores */
+        for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * p.d / 4;
+             e += (size_t)gridDim.x * blockDim.x)
+            ((float4 *)dq_acc)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (x < rows / BWD_Br(p.d)) sem[x] = 0;
     if (x >= rows) return;
@@ -1140,10 +1143,14 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 int g, qt;
                 bwd_step_of(t, per_head, first, &g, &qt);
                 const size_t tile = ((size_t)b * p.H + h_kv * group + g) * n_t + qt;
+                const int turn = sem ? bwd_turn(&p, j0 / BWD_Bc, qt, br) : -1;
                 for (int c = 0; c < 2; c++) {
+                    float *dst = dq_acc + tile * br * d + (size_t)c * 64 * 64;
                     mbar_wait(sm.dq_full + 8 * c, t & 1);
-                    if (sem) sem_wait(sem + tile, bwd_turn(&p, j0 / BWD_Bc, qt, br));
-                    bulk_reduce_add_f32(dq_acc + tile * br * d + (size_t)c * 64 * 64, sm.dQ + c * DQ_SLICE, DQ_SLICE);
+                    if (sem) sem_wait(sem + tile, turn);
+                    /* The first in the order writes the slice: no accumulator to zero first. */
+                    if (turn == 0) bulk_store(dst, sm.dQ + c * DQ_SLICE, DQ_SLICE);
+                    else           bulk_reduce_add_f32(dst, sm.dQ + c * DQ_SLICE, DQ_SLICE);
                     bulk_commit();
                     bulk_wait_read_0();
                     mbar_arrive(sm.dq_free + 8 * c);
@@ -1237,7 +1244,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     float *dq_acc = (float *)((char *)a->ws + 2 * bwd_ld_bytes(p));
     int *sem = (int *)((char *)dq_acc + bwd_acc_bytes(p));   /* used when deterministic */
     const size_t rows = (size_t)p->B * p->H * bwd_rows(p);
-    const size_t zero4 = rows * p->d / 4;
+    const size_t zero4 = p->deterministic ? 0 : rows * p->d / 4;
     bwd_preprocess<<<attn_blocks_for(rows > zero4 ? rows : zero4, 256), 256, 0, s>>>(*p, *a, L2, D, dq_acc, sem);
     ATTN_LAUNCH_CHECK();
     const int fp16 = p->dtype == ATTN_FP16, br = BWD_Br(p->d);
