@@ -221,6 +221,14 @@ static __device__ __forceinline__ void bulk_reduce_add_f32(float *dst, uint32_t 
                  :: "l"(dst), "r"(src), "r"(bytes) : "memory");
 }
 
+/* Copy `bytes` (a multiple of 16, both addresses 16-byte aligned) from shared memory at src to
+ * global memory at dst (a 1-D bulk store). One thread; committed and waited for as above. */
+static __device__ __forceinline__ void bulk_store(float *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+
 /* Close this thread's bulk stores issued so far into a group; wait until every group has read
  * its shared memory (the global writes may still be in flight: the kernel's end flushes them). */
 static __device__ __forceinline__ void bulk_commit(void)

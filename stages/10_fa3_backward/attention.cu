@@ -2,7 +2,8 @@
  *
  * Changed from 09_fa3_persistent: its forward, unchanged, and a backward (FA-3 Algorithm 3).
  * - Preprocess (bwd_preprocess): D = rowsum(dO ∘ O) and L in base 2, padded to whole query
- *   tiles, and the fp32 dQ accumulator zeroed. Postprocess: dQ scaled and rounded.
+ *   tiles, and the fp32 dQ accumulator zeroed (deterministic: the first add stores instead).
+ *   Postprocess: dQ scaled and rounded.
  * - One block per key tile of 128 keys of a kv head (K/V outer), looping over the query tiles
  *   (and the query heads of its GQA group) that see those keys. A producer warpgroup loads K_j
  *   and V_j once, then Q_i with L_i and dO_i with D_i by TMA into two rings on mbarriers.
@@ -10,8 +11,9 @@
  *   (keys as rows): Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ from shared memory; Pᵀ and dSᵀ in
  *   registers, already the A operand of dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i; dSᵀ stored once
  *   for dQ_i = dS K_j, which each consumer computes a 64 x 64 part of from shared memory.
- * - dQ_i: fp32 atomics from the accumulators into the workspace, in fragment order (coalesced).
- *   dK_j, dV_j: written once, through K_j's and V_j's tiles, by TMA store.
+ * - dQ_i: fp32 atomics from the accumulators into the workspace, in fragment order (coalesced);
+ *   --deterministic: a writer warp adds each step's dQ_i by bulk reduce, in a fixed order of
+ *   the key tiles, while the consumers go on. dK_j, dV_j: written once, by TMA store.
  * Why: the backward is 2.5x the forward's FLOPs, and stage 6's mma.sync kernel runs it at about
  *   0.63x cuDNN on an H200.
  * Expected: FA-3 reports 1.5-1.75x FA-2's backward; the goal is cuDNN's (docs/10_fa3_backward.md).
@@ -741,19 +743,17 @@ static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
 #define BWD_THREADS (3 * WARPGROUP)           /* producer, two consumers */
 #define BAR_DS      8                         /* both consumers: dSᵀ of the step is stored */
 #define BAR_DKV     9                         /* both consumers: done with K_j and V_j */
-#define BAR_WG      10                        /* BAR_WG + c: consumer c alone (deterministic dQ) */
 #ifndef DQ_ATOMICS   /* knob: OFF=dq_atomics, a writer warp adds dQ_i by a bulk reduce from shared memory */
 #define DQ_ATOMICS 1
 #endif
+/* wr (a literal of each kernel): dQ_i leaves through the writer warp, not by the consumers'
+ * atomics. The deterministic kernels always take the writer: its warp waits for a query tile's
+ * turn while the consumers go on with the next step. The default ones take the atomics. */
+#define DEFAULT_WR  (!DQ_ATOMICS)
 /* Registers a thread after setmaxnreg, consumers and producer: 240 x 256 + 24 x 128 fill the
- * 168 x 384 the kernel starts with; the dQ writer's loop (OFF=dq_atomics) needs 32 there. */
-#if DQ_ATOMICS
-#define BWD_REGS    240
-#define BWD_PRODUCER_REGS 24
-#else
-#define BWD_REGS    232
-#define BWD_PRODUCER_REGS 32
-#endif
+ * 168 x 384 the kernel starts with. With the writer at d = 64, 232 and 32 (at 240 and 24 ptxas
+ * spills 12 bytes there); at d = 128 the consumers need all 240 (at 232 ptxas serialises their
+ * wgmmas, C7512). */
 #define DQ_SLICE    (64 * 64 * 4)             /* bytes of a consumer's part of dQ_i (writer) */
 
 /* Dynamic shared memory of the backward, 16-bit tiles of 64-column boxes: K_j, V_j [Bc][d];
@@ -762,15 +762,15 @@ static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
  * for Q_i (with L_i) and for dO_i (with D_i). */
 typedef struct { uint32_t K, V, Q, dO, dS, dQ, L, D, kv, q_full, q_empty, o_full, o_empty, dq_full, dq_free; } bwd_smem;
 
-static __host__ __device__ __forceinline__ size_t bwd_smem_bytes(int d)
+static __host__ __device__ __forceinline__ size_t bwd_smem_bytes(int d, int wr)
 {
     const int br = BWD_Br(d);
     return (size_t)(2 * BWD_Bc + 2 * STAGES * br) * d * 2 + 2 * (size_t)BWD_Bc * br * 2 +
-           (DQ_ATOMICS ? 0 : 2 * DQ_SLICE) + 2 * STAGES * br * sizeof(float) +
+           (wr ? 2 * DQ_SLICE : 0) + 2 * STAGES * br * sizeof(float) +
            (1 + 4 * STAGES + 4) * sizeof(uint64_t);
 }
 
-static __device__ __forceinline__ bwd_smem bwd_layout(int d)
+static __device__ __forceinline__ bwd_smem bwd_layout(int d, int wr)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const int br = BWD_Br(d);
@@ -780,8 +780,8 @@ static __device__ __forceinline__ bwd_smem bwd_layout(int d)
     m.Q = m.V + BWD_Bc * d * 2;            /* stage s at Q + s br d 2 */
     m.dO = m.Q + STAGES * br * d * 2;
     m.dS = m.dO + STAGES * br * d * 2;     /* buffer u at dS + u Bc br 2 */
-    m.dQ = m.dS + 2 * BWD_Bc * br * 2;     /* OFF=dq_atomics: consumer c's part at dQ + c DQ_SLICE */
-    m.L = m.dQ + (DQ_ATOMICS ? 0 : 2 * DQ_SLICE);   /* stage s at L + s br 4 */
+    m.dQ = m.dS + 2 * BWD_Bc * br * 2;     /* wr: consumer c's part at dQ + c DQ_SLICE */
+    m.L = m.dQ + (wr ? 2 * DQ_SLICE : 0);  /* stage s at L + s br 4 */
     m.D = m.L + STAGES * br * 4;
     m.kv = m.D + STAGES * br * 4;
     m.q_full = m.kv + 8;
@@ -823,16 +823,18 @@ static __host__ __device__ __forceinline__ size_t bwd_dq_slot(size_t tile, int r
 }
 
 /* Preprocess: for every row of every head, L in base 2 and D_i = rowsum(dO_i ∘ O_i), into the
- * padded rows of the workspace; the dQ accumulator set to zero. A thread per row (the rows of
+ * padded rows of the workspace; the dQ accumulator set to zero (not with --deterministic: there
+ * the first add to each query tile is a store). A thread per row (the rows of
  * a warp are neighbours in O's [B, N, H, d] layout when H > 1). */
 static __global__ void bwd_preprocess(attn_problem p, attn_args a, float *L2, float *D, float *dq_acc,
                                       int *sem)
 {
     const size_t rows = (size_t)p.B * p.H * ((p.N_q + BWD_Br(p.d) - 1) / BWD_Br(p.d) * BWD_Br(p.d));
     const int n_pad = (int)(rows / ((size_t)p.B * p.H)), fp16 = p.dtype == ATTN_FP16;
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * p.d / 4;
-         e += (size_t)gridDim.x * blockDim.x)
-        ((float4 *)dq_acc)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!p.deterministic)   /* deterministic: the first key tile of each query tile's order stores */
+        for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * p.d / 4;
+             e += (size_t)gridDim.x * blockDim.x)
+            ((float4 *)dq_acc)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (x < rows / BWD_Br(p.d)) sem[x] = 0;
     if (x >= rows) return;
@@ -889,7 +891,7 @@ static __device__ __forceinline__ void bwd_step_of(int t, int per_head, int firs
  * Without a mask every key tile adds to every query tile, in the order of j. Causal: query tile
  * qt is seen by key tiles 0 .. jmax, and they add in the order jmax, jmax - 1, .., 0: the
  * shortest blocks (the last key tiles, with the fewest query tiles) first, since they reach qt
- * first; they are also launched first (the kernels' rev), so that a block only ever waits for
+ * first; they are also launched first (tiled_backward's rev), so that a block only ever waits for
  * blocks already running. */
 static __device__ __forceinline__ int bwd_turn(const attn_problem *p, int j, int qt, int br)
 {
@@ -912,26 +914,16 @@ static __device__ __forceinline__ void sem_wait(const int *s, int turn)
     }
 }
 
-/* Count one arrival at s, after this warpgroup's adds (the barrier before it orders them): a
- * release at GPU scope makes every add the barrier ordered before it visible to the next
- * sem_wait that sees the count, without a fence in every thread. A __threadfence after the
- * adds would make ptxas issue each of them, in the default order too, as an atomic that
- * returns its old value (ATOMG, waited for) instead of a reduction (REDG). */
-static __device__ __forceinline__ void sem_post(int *s)
-{
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" : : "l"(s) : "memory");
-}
-
 /* Step t of consumer c: query rows i0 .., head h; stage st of the rings, dSᵀ buffer t % 2.
  * masked (a literal at each call) masks the scores of keys after a query (causal) and keys
  * past N_k. dk, dv: this consumer's 64 keys x d accumulators. */
 static __device__ __forceinline__ void bwd_step(const attn_problem *p, const attn_args *a,
-                                                float *dq_acc, int *sem, int turn, int c, int b, int h, int i0,
+                                                float *dq_acc, int c, int b, int h, int i0,
                                                 int j0, int st, int t, float dk[][4],
                                                 float dv[][4], const int masked, const int d,
-                                                const int fp16)
+                                                const int fp16, const int wr)
 {
-    const bwd_smem sm = bwd_layout(d);
+    const bwd_smem sm = bwd_layout(d, wr);
     const int br = BWD_Br(d), lane = threadIdx.x % WARP, warp = threadIdx.x / WARP % 4;
     const int tid = threadIdx.x % WARPGROUP, u = t % 2;
     const uint32_t Q = sm.Q + st * br * d * 2, dO = sm.dO + st * br * d * 2;
@@ -939,9 +931,9 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     const float *Dv = (const float *)(smem_ptr(sm.D) + st * br * 4);
     const float scale_log2 = p->scale * LOG2E;
 
-    /* OFF=dq_atomics: this consumer's dQ slice is free (the writer has read the last step's);
-     * waited for here, where no product is in flight. */
-    if (!DQ_ATOMICS) mbar_wait(sm.dq_free + 8 * c, u ^ 1);
+    /* wr: this consumer's dQ slice is free (the writer has read the last step's); waited for
+     * here, where no product is in flight. */
+    if (wr) mbar_wait(sm.dq_free + 8 * c, u ^ 1);
 
     /* Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ: M = this consumer's 64 keys, N = br queries. */
     float s[BWD_Br(64) / MMA_N][4], dp[BWD_Br(64) / MMA_N][4];
@@ -1058,13 +1050,9 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     mbar_arrive(sm.o_empty + 8 * st);
 
     /* dQ_i's part, added to the accumulator: a 16-byte red.global.add.f32 per n, a warp's
-     * atomics on 512 consecutive bytes (bwd_dq_slot). Rows past N_q add zeros. Deterministic:
-     * the key tiles add to a query tile one after the other, in the order of j (every key tile
-     * before this one sees the query tile too), counted by the tile's semaphore: two arrivals
-     * a block. */
-    const int n_t = (p->N_q + br - 1) / br;
-    const size_t tile = ((size_t)b * p->H + h) * n_t + i0 / br;
-    if (!DQ_ATOMICS) {   /* to the writer, through this consumer's slice (one at a time) */
+     * atomics on 512 consecutive bytes (bwd_dq_slot), or (wr) handed to the writer. Rows past
+     * N_q add zeros. */
+    if (wr) {   /* to the writer, through this consumer's slice (one at a time) */
         float4 *slice = (float4 *)smem_ptr(sm.dQ + c * DQ_SLICE);
 #pragma unroll
         for (int n = 0; n < 64 / MMA_N; n++)
@@ -1072,19 +1060,11 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
         fence_proxy_async();
         mbar_arrive(sm.dq_full + 8 * c);
     } else {
+        const size_t tile = ((size_t)b * p->H + h) * ((p->N_q + br - 1) / br) + i0 / br;
         float4 *dst = (float4 *)(dq_acc + tile * br * d + (size_t)c * 64 * 64) + tid;
-        if (sem) {
-            wgmma_wait_0();         /* no product in flight across the wait's divergent loop */
-            if (tid == 0) sem_wait(sem + tile, turn);
-            bar_sync(BAR_WG + c, WARPGROUP);
-        }
 #pragma unroll
         for (int n = 0; n < 64 / MMA_N; n++)
             atomicAdd(dst + n * WARPGROUP, make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]));
-        if (sem) {
-            bar_sync(BAR_WG + c, WARPGROUP);
-            if (tid == 0) sem_post(sem + tile);
-        }
     }
     TRACE_AT(a, 0, t, 6);
     wgmma_wait_0();
@@ -1100,12 +1080,12 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                                                       int *sem, const CUtensorMap *tmQ, const CUtensorMap *tmK,
                                                       const CUtensorMap *tmV, const CUtensorMap *tmO,
                                                       const CUtensorMap *tmdK, const CUtensorMap *tmdV,
-                                                      const int d, const int fp16, const int rev)
+                                                      const int d, const int fp16, const int wr)
 {
-    const bwd_smem sm = bwd_layout(d);
+    const bwd_smem sm = bwd_layout(d, wr);
     const int br = BWD_Br(d), wg = __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
-    /* key tile j0 / Bc: the launch order, or (rev: causal and deterministic) last first */
-    const int b = blockIdx.z, h_kv = blockIdx.y, group = p.H / p.H_kv;
+    /* key tile j0 / Bc: the launch order, or (causal and deterministic) last first */
+    const int b = blockIdx.z, h_kv = blockIdx.y, group = p.H / p.H_kv, rev = sem && p.causal;
     const int j0 = (rev ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) * BWD_Bc;
     const int n_t = (p.N_q + br - 1) / br, first = bwd_first_tile(p, j0, br);
     const int per_head = max(0, n_t - first), steps = group * per_head;
@@ -1127,7 +1107,8 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     __syncthreads();
 
     if (wg == 0) {
-        SETMAXNREG_DEC(BWD_PRODUCER_REGS);
+        if (wr && d == 64) SETMAXNREG_DEC(32);
+        else               SETMAXNREG_DEC(24);
         if (threadIdx.x == 0) {
             mbar_arrive_expect_tx(sm.kv, 2 * BWD_Bc * d * 2);
             for (int c = 0; c < d / BOX_COLS; c++) {
@@ -1153,7 +1134,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 bulk_load(sm.D + st * br * 4, D + row, br * 4, sm.o_full + 8 * st);
                 TRACE_AT(&a, 0, t, 2);
             }
-        } else if (!DQ_ATOMICS && threadIdx.x == WARP) {
+        } else if (wr && threadIdx.x == WARP) {
             /* The dQ writer: each consumer's part of each step's dQ_i, added to the accumulator
              * by one bulk reduce of 16 KiB (the slice is in the accumulator's own order); the
              * slice is free once the copy has read it. Deterministic: after the key tiles
@@ -1162,10 +1143,14 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 int g, qt;
                 bwd_step_of(t, per_head, first, &g, &qt);
                 const size_t tile = ((size_t)b * p.H + h_kv * group + g) * n_t + qt;
+                const int turn = sem ? bwd_turn(&p, j0 / BWD_Bc, qt, br) : -1;
                 for (int c = 0; c < 2; c++) {
+                    float *dst = dq_acc + tile * br * d + (size_t)c * 64 * 64;
                     mbar_wait(sm.dq_full + 8 * c, t & 1);
-                    if (sem) sem_wait(sem + tile, bwd_turn(&p, j0 / BWD_Bc, qt, br));
-                    bulk_reduce_add_f32(dq_acc + tile * br * d + (size_t)c * 64 * 64, sm.dQ + c * DQ_SLICE, DQ_SLICE);
+                    if (sem) sem_wait(sem + tile, turn);
+                    /* The first in the order writes the slice: no accumulator to zero first. */
+                    if (turn == 0) bulk_store(dst, sm.dQ + c * DQ_SLICE, DQ_SLICE);
+                    else           bulk_reduce_add_f32(dst, sm.dQ + c * DQ_SLICE, DQ_SLICE);
                     bulk_commit();
                     bulk_wait_read_0();
                     mbar_arrive(sm.dq_free + 8 * c);
@@ -1180,7 +1165,8 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         }
         return;
     }
-    SETMAXNREG_INC(BWD_REGS);
+    if (wr && d == 64) SETMAXNREG_INC(232);
+    else               SETMAXNREG_INC(240);
     const int c = wg - 1;
     float dk[128 / MMA_N][4], dv[128 / MMA_N][4];
 #pragma unroll
@@ -1195,15 +1181,14 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         int g, qt;
         bwd_step_of(t, per_head, first, &g, &qt);
         const int h = h_kv * group + g, i0 = qt * br, st = t % STAGES, ph = t / STAGES & 1;
-        const int turn = bwd_turn(&p, j0 / BWD_Bc, qt, br);
         TRACE_AT(&a, 0, t, 0);
         mbar_wait(sm.q_full + 8 * st, ph);
         mbar_wait(sm.o_full + 8 * st, ph);
         TRACE_AT(&a, 0, t, 1);
         if (cut || (p.causal && i0 < j0 + BWD_Bc - 1))
-            bwd_step(&p, &a, dq_acc, sem, turn, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16);
+            bwd_step(&p, &a, dq_acc, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16, wr);
         else
-            bwd_step(&p, &a, dq_acc, sem, turn, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16);
+            bwd_step(&p, &a, dq_acc, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16, wr);
     }
 
     /* dK_j = scale sum dSᵀ Q_i and dV_j = sum Pᵀ dO_i, rounded, into K_j's and V_j's tiles once
@@ -1236,22 +1221,22 @@ typedef void (*backward_fn)(attn_problem, attn_args, const float *, const float 
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap);
-#define BWD_KERNEL(name, d, fp16, rev)                                                            \
+#define BWD_KERNEL(name, d, fp16, wr)                                                             \
     static __global__ void __launch_bounds__(BWD_THREADS, 1)                                      \
     name(attn_problem p, attn_args a, const float *L2, const float *D, float *dq_acc, int *sem,    \
          const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,         \
          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmO,         \
          const __grid_constant__ CUtensorMap tmdK, const __grid_constant__ CUtensorMap tmdV)       \
-    { tiled_backward(p, a, L2, D, dq_acc, sem, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16, rev); }
-BWD_KERNEL(backward_64_bf16, 64, 0, 0)
-BWD_KERNEL(backward_64_fp16, 64, 1, 0)
-BWD_KERNEL(backward_128_bf16, 128, 0, 0)
-BWD_KERNEL(backward_128_fp16, 128, 1, 0)
-/* causal and deterministic: the key tiles launched last first (bwd_turn) */
-BWD_KERNEL(backward_64_bf16_rev, 64, 0, 1)
-BWD_KERNEL(backward_64_fp16_rev, 64, 1, 1)
-BWD_KERNEL(backward_128_bf16_rev, 128, 0, 1)
-BWD_KERNEL(backward_128_fp16_rev, 128, 1, 1)
+    { tiled_backward(p, a, L2, D, dq_acc, sem, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16, wr); }
+BWD_KERNEL(backward_64_bf16, 64, 0, DEFAULT_WR)
+BWD_KERNEL(backward_64_fp16, 64, 1, DEFAULT_WR)
+BWD_KERNEL(backward_128_bf16, 128, 0, DEFAULT_WR)
+BWD_KERNEL(backward_128_fp16, 128, 1, DEFAULT_WR)
+/* --deterministic: dQ through the writer, in the turns' order (bwd_turn) */
+BWD_KERNEL(backward_64_bf16_det, 64, 0, 1)
+BWD_KERNEL(backward_64_fp16_det, 64, 1, 1)
+BWD_KERNEL(backward_128_bf16_det, 128, 0, 1)
+BWD_KERNEL(backward_128_fp16_det, 128, 1, 1)
 
 static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStream_t s)
 {
@@ -1259,15 +1244,15 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     float *dq_acc = (float *)((char *)a->ws + 2 * bwd_ld_bytes(p));
     int *sem = (int *)((char *)dq_acc + bwd_acc_bytes(p));   /* used when deterministic */
     const size_t rows = (size_t)p->B * p->H * bwd_rows(p);
-    const size_t zero4 = rows * p->d / 4;
+    const size_t zero4 = p->deterministic ? 0 : rows * p->d / 4;
     bwd_preprocess<<<attn_blocks_for(rows > zero4 ? rows : zero4, 256), 256, 0, s>>>(*p, *a, L2, D, dq_acc, sem);
     ATTN_LAUNCH_CHECK();
     const int fp16 = p->dtype == ATTN_FP16, br = BWD_Br(p->d);
-    const int rev = p->deterministic && p->causal;
-    const backward_fn kernel = p->d == 64 ? (fp16 ? (rev ? backward_64_fp16_rev : backward_64_fp16)
-                                                  : (rev ? backward_64_bf16_rev : backward_64_bf16))
-                                          : (fp16 ? (rev ? backward_128_fp16_rev : backward_128_fp16)
-                                                  : (rev ? backward_128_bf16_rev : backward_128_bf16));
+    const int det = p->deterministic, wr = det || DEFAULT_WR;
+    const backward_fn kernel = p->d == 64 ? (fp16 ? (det ? backward_64_fp16_det : backward_64_fp16)
+                                                  : (det ? backward_64_bf16_det : backward_64_bf16))
+                                          : (fp16 ? (det ? backward_128_fp16_det : backward_128_fp16)
+                                                  : (det ? backward_128_bf16_det : backward_128_bf16));
     CUtensorMap tmQ, tmK, tmV, tmO, tmdK, tmdV;
     if (hopper_tensor_map(&tmQ, a->q, p->dtype, p->d, p->N_q, p->H, p->B, br) ||
         hopper_tensor_map(&tmO, a->d_o, p->dtype, p->d, p->N_q, p->H, p->B, br) ||
@@ -1276,7 +1261,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
         hopper_tensor_map(&tmdK, a->dk, p->dtype, p->d, p->N_k, p->H_kv, p->B, BWD_Bc) ||
         hopper_tensor_map(&tmdV, a->dv, p->dtype, p->d, p->N_k, p->H_kv, p->B, BWD_Bc))
         return cudaErrorInvalidValue;
-    const size_t smem = bwd_smem_bytes(p->d);
+    const size_t smem = bwd_smem_bytes(p->d, wr);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
     attn_args ka = *a;   /* the kernel's a.ws: TRACE=1's stamps */
@@ -1323,7 +1308,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "10_fa3_backward cannot query the device");
         return 1;
     }
-    const size_t smem = dir == ATTN_BACKWARD ? bwd_smem_bytes(p->d) : smem_bytes(p->d);
+    const size_t smem = dir == ATTN_BACKWARD ? bwd_smem_bytes(p->d, p->deterministic || DEFAULT_WR) : smem_bytes(p->d);
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
