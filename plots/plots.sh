@@ -147,7 +147,7 @@ TC_STAGES="05_tensor_cores 06_fa2 07_wgmma"
 gpus_here() {
     for f in plots/results/*.csv; do
         [ -f "$f" ] || continue
-        f=${f##*/}; f=${f%.csv}; f=${f%-long}; f=${f%-bytes}; f=${f%-masks}; f=${f%-hopper}; f=${f%-ablation}
+        f=${f##*/}; f=${f%.csv}; f=${f%-long}; f=${f%-bytes}; f=${f%-masks}; f=${f%-hopper}; f=${f%-ablation}; f=${f%-fp8-rmse}
         echo "$f"
     done | sort -u
 }
