@@ -94,9 +94,10 @@
 #   SWEEP_MAX_CALL_S  the sweep's time budget of one call, in seconds (2: what it stops is
 #              stages 1 and 2 at their largest N, calls of 2.5 to 7 s, each made twice: the
 #              settling run, then the timed one),
-#   LONG_MAX_CALL_S  the long-context time budget of one call, in seconds (4: the fastest
-#              stages, ~600 TFLOP/s, reach N = 524288 non-causal, 2.25e15 FLOP in ~3.75 s,
-#              and causal; their 1M-token dense calls are past it, the window series is not),
+#   LONG_MAX_CALL_S  the long-context time budget of one call, in seconds (2: the fastest
+#              stages, ~600 TFLOP/s, reach N = 262144 non-causal, 5.6e14 FLOP in ~0.94 s,
+#              and 524288 causal in ~1.9 s; past that a dense call is 4x longer, while the
+#              window series reaches 1M; it keeps the whole make bench near 20 minutes),
 #   GPU_NAME   overrides nvidia-smi's name (the file name is the name with spaces -> '-')
 #
 # Rows are collected in <csv>.part and moved onto <csv> only when the run finishes, so an
@@ -310,7 +311,7 @@ if [ "$POINTS" = 1 ]; then   # the points processes' timeout is the program's --
     command -v mkfifo >/dev/null || { echo "bench: no mkfifo: one process a point (POINTS=0)"; POINTS=0; }
 fi
 SWEEP_MAX_CALL_S=${SWEEP_MAX_CALL_S:-2}
-LONG_MAX_CALL_S=${LONG_MAX_CALL_S:-4}
+LONG_MAX_CALL_S=${LONG_MAX_CALL_S:-2}
 BUILD_DIR=${BUILD_DIR:-build}
 RESULTS_DIR=${RESULTS_DIR:-plots/results}
 

@@ -37,7 +37,10 @@ load dat.'/styles.gp'
 # N tics as 512, 1k, 2k, ... 128k, ... 1M; the range padded so that end points stay inside.
 xlab(n) = n < 1024 ? sprintf('%d', n) : n < 1048576 ? sprintf('%dk', n / 1024) : sprintf('%dM', n / 1048576)
 
-KW = (panels == 2) ? 0.19 : 0.26     # width of the key, as a fraction of the figure
+KW = (panels == 2) ? 0.19 : 0.26     # width of the key, as a fraction of the figure ...
+if (exists('keychars')) {           # ... or wider, for its longest title (~7.5 px a character)
+    KW = (keychars * 7.5 + 70) / W > KW ? (keychars * 7.5 + 70) / W : KW
+}
 PW = (1 - KW) / panels
 # the heading's lines ("\n" breaks them) and the room they leave the panels
 hlines = 1

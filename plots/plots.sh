@@ -715,6 +715,9 @@ draw() {
         awk -F "$TAB" '{ k = int($1); m = $1 - k } seen[$2]++ || (m > 0 && k in kept) { next } { kept[k] = 1; print $2 }' |
         awk 'BEGIN { printf "plot " } NR > 1 { printf ", \\\n     " } { printf "%s", $0 } END { if (NR == 0) printf "NaN notitle"; print "" }' \
         > "$DAT/key.gp"
+    # the longest title of the key, for its width (figure.gp widens the key to fit it)
+    grep -o 'title "[^"]*"' "$DAT/key.gp" |
+        awk '{ n = length($0) - 8; if (n > m) m = n } END { printf "keychars = %d\n", m }' >> "$DAT/vars.gp"
     if [ "$filled" = 0 ]; then
         echo "plots: no rows for $1; not drawn"
     elif gnuplot -e "term='$term'; dat='$DAT'" plots/figure.gp; then
