@@ -340,6 +340,63 @@ Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
     if (!ran) cr_skip_test("no deterministic backward built or accepted");
 }
 
+/* --deterministic against the oracle: the semaphores' order (stage 10's walk rotated per key
+ * tile, causal shortest first) at odd shapes, GQA, N_q != N_k, fp16. */
+Test(gpu, deterministic_backward_against_oracle, .timeout = 600)
+{
+    need_gpu();
+    attn_oracle_threads = 2;
+    static const struct { int B, H, H_kv, N_q, N_k, d, causal, fp16; } shapes[] = {
+        { 2, 4, 2, 1000, 1000, 128, 0, 0 }, { 1, 2, 2, 4097, 4097, 64, 1, 0 },
+        { 1, 4, 2, 1000, 900, 128, 1, 1 }, { 1, 6, 2, 700, 1300, 64, 0, 1 } };
+    static const char *names[] = { "06_fa2", "10_fa3_backward", "13_hopper_masks" };
+    int failures = 0, ran = 0;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N_q,
+                                      shapes[k].N_k, shapes[k].d, shapes[k].causal);
+        p.dtype = shapes[k].fp16 ? ATTN_FP16 : ATTN_BF16;
+        p.deterministic = 1;
+        attn_host in;
+        cr_assert_eq(attn_host_alloc(&in, &p, 1), 0);
+        attn_host_fill(&in, test_seed(3500 + k), ATTN_INPUT_NORMAL);
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
+        for (size_t n = 0; n < sizeof names / sizeof names[0]; n++) {
+            const attn_stage *st = NULL;
+            for (int i = 0; i < attn_nstages; i++)
+                if (!strcmp(attn_stages[i]->name, names[n])) st = attn_stages[i];
+            if (!st || !st->backward) continue;
+            attn_host t;
+            cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+            copy_inputs(&t, &in);
+            attn_run_info info;
+            attn_run_opts opts = { 0, 1 };
+            const attn_run_status rs = attn_run(st, &t, ATTN_BACKWARD, &opts, &info);
+            char shape[256];
+            attn_problem_str(&p, st->name, ATTN_BACKWARD, shape, sizeof shape);
+            if (rs == ATTN_RUN_REFUSED) {
+                fprintf(stderr, "[INFO] %s: refused: %s\n", shape, info.why);
+            } else if (rs != ATTN_RUN_OK) {
+                fprintf(stderr, "%s: %s\n", shape, info.why);
+                failures++;
+            } else {
+                attn_cmp c[5];
+                int nc;
+                ran++;
+                if (compare_all(c, &nc, &t, ATTN_BACKWARD, &r, st->name)) {
+                    print_cmp(shape, c, nc);
+                    failures++;
+                }
+            }
+            attn_host_free(&t);
+        }
+        attn_ref_free(&r);
+        attn_host_free(&in);
+    }
+    if (!ran) cr_skip_test("no deterministic backward built or accepted");
+    cr_assert_eq(failures, 0, "%d deterministic backward runs failed", failures);
+}
+
 /* Run a shell command, its output (stdout and stderr) into buf; returns its exit status, -1
  * if it did not exit. */
 static int run_capture(const char *cmd, char *buf, size_t n)
@@ -368,6 +425,22 @@ static void expect_program_pass(const char *cmd, const char *marker, int may_ref
     cr_assert_eq(rc, 0, "%s exited %d:\n%s", cmd, rc, buf);
     if (marker) cr_assert(strstr(buf, marker) != NULL, "expected \"%s\" in:\n%s", marker, buf);
     cr_assert(strstr(buf, "check PASS") != NULL, "%s", buf);
+}
+
+/* More key tiles than the GPU holds at once (N = 17000: 133 blocks of 128 keys a head, one an SM
+ * on 132 SMs): stage 10's deterministic turns fall back to the launch order, dense and causal,
+ * and pass the program's sampled check. */
+Test(gpu, deterministic_backward_past_one_wave, .timeout = 300)
+{
+    need_gpu();
+    const char *build = getenv("ATTN_BUILD") ? getenv("ATTN_BUILD") : "build";
+    for (int causal = 0; causal <= 1; causal++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s/10_fa3_backward --batch 1 --heads 2 --kv-heads 1 --seqlen 17000 --dim 128 "
+                 "--backward --deterministic --check %s --seed %llu", build, causal ? "--causal" : "",
+                 (unsigned long long)test_seed(3600 + causal));
+        expect_program_pass(cmd, "L from the oracle", 1);
+    }
 }
 
 /* A Hopper pipeline that deadlocks (an mbarrier nothing arrives on) ends in an error within

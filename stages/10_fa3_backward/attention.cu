@@ -13,7 +13,8 @@
  *   for dQ_i = dS K_j, which each consumer computes a 64 x 64 part of from shared memory.
  * - dQ_i: fp32 atomics from the accumulators into the workspace, in fragment order (coalesced);
  *   --deterministic: a writer warp adds each step's dQ_i by bulk reduce, in a fixed order of
- *   the key tiles, while the consumers go on. dK_j, dV_j: written once, by TMA store.
+ *   the key tiles (each block starts its walk at its own query tile), while the consumers go
+ *   on. dK_j, dV_j: written once, by TMA store.
  * Why: the backward is 2.5x the forward's FLOPs, and stage 6's mma.sync kernel runs it at about
  *   0.63x cuDNN on an H200.
  * Expected: FA-3 reports 1.5-1.75x FA-2's backward; the goal is cuDNN's (docs/10_fa3_backward.md).
@@ -880,24 +881,36 @@ static __device__ __forceinline__ int bwd_first_tile(const attn_problem p, int j
     return p.causal ? j0 / br : 0;
 }
 
-/* Step t of a block: query tile qt of query head g of the kv head's group. */
-static __device__ __forceinline__ void bwd_step_of(int t, int per_head, int first, int *g, int *qt)
+/* Step t of a block: query tile qt of query head g of the kv head's group, from step rot on
+ * (rot: where the block's walk starts, wrapping round its `steps`). */
+static __device__ __forceinline__ void bwd_step_of(int t, int per_head, int first, int rot, int steps,
+                                                   int *g, int *qt)
 {
-    *g = t / per_head;
-    *qt = first + t % per_head;
+    const int u = t + rot < steps ? t + rot : t + rot - steps;
+    *g = u / per_head;
+    *qt = first + u % per_head;
 }
 
-/* --deterministic: the arrivals (two a block) that must precede key tile j's add to query tile qt.
- * Without a mask every key tile adds to every query tile, in the order of j. Causal: query tile
- * qt is seen by key tiles 0 .. jmax, and they add in the order jmax, jmax - 1, .., 0: the
- * shortest blocks (the last key tiles, with the fewest query tiles) first, since they reach qt
- * first; they are also launched first (tiled_backward's rev), so that a block only ever waits for
- * blocks already running. */
-static __device__ __forceinline__ int bwd_turn(const attn_problem *p, int j, int qt, int br)
+/* --deterministic: the arrivals (two a block) that must precede key tile j's add to query tile qt
+ * (step u of the block's walk; n_kt key tiles). Causal: query tile qt is seen by key tiles
+ * 0 .. jmax, and they add in the order jmax, jmax - 1, .., 0: the shortest blocks (the last key
+ * tiles, with the fewest query tiles) first, since they reach qt first. Without a mask every key
+ * tile adds to every query tile. If a head's key tiles do not all fit on the GPU at once (!fit),
+ * a block may only wait for blocks launched before it: the order of j, and the causal blocks are
+ * launched last first (tiled_backward's rev). If they fit, block j starts its walk at step
+ * rot_j = j steps / n_kt, so that the blocks do not all queue on the same query tile, and the
+ * turns go in the order the blocks reach step u: first those with rot_j <= u, the nearest
+ * (largest j) first, then the others, again from the largest j. */
+static __device__ __forceinline__ int bwd_turn(const attn_problem *p, int j, int qt, int u, int steps,
+                                               int n_kt, int br, int fit)
 {
-    if (!p->causal) return 2 * j;
-    const int jmax = min((p->N_k + BWD_Bc - 1) / BWD_Bc - 1, (qt * br + br - 1) / BWD_Bc);
-    return 2 * (jmax - j);
+    if (p->causal) {
+        const int jmax = min(n_kt - 1, (qt * br + br - 1) / BWD_Bc);
+        return 2 * (jmax - j);
+    }
+    if (!fit) return 2 * j;
+    const int m = min(n_kt, ((u + 1) * n_kt + steps - 1) / steps);   /* blocks with rot_j <= u */
+    return 2 * ((m + n_kt - 1 - j) % n_kt);
 }
 
 /* Wait until the semaphore at s reaches `turn` (a load with acquire semantics, so that the adds
@@ -1077,18 +1090,19 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
 /* One block: key tile j0 .. j0+Bc-1 of kv head h_kv, batch b. */
 static __device__ __forceinline__ void tiled_backward(const attn_problem p, const attn_args a,
                                                       const float *L2, const float *D, float *dq_acc,
-                                                      int *sem, const CUtensorMap *tmQ, const CUtensorMap *tmK,
+                                                      int *sem, int fit, const CUtensorMap *tmQ, const CUtensorMap *tmK,
                                                       const CUtensorMap *tmV, const CUtensorMap *tmO,
                                                       const CUtensorMap *tmdK, const CUtensorMap *tmdV,
                                                       const int d, const int fp16, const int wr)
 {
     const bwd_smem sm = bwd_layout(d, wr);
     const int br = BWD_Br(d), wg = __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
-    /* key tile j0 / Bc: the launch order, or (causal and deterministic) last first */
-    const int b = blockIdx.z, h_kv = blockIdx.y, group = p.H / p.H_kv, rev = sem && p.causal;
-    const int j0 = (rev ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) * BWD_Bc;
+    /* key tile j0 / Bc: the launch order, or (causal, deterministic, !fit) last first */
+    const int b = blockIdx.z, h_kv = blockIdx.y, group = p.H / p.H_kv, rev = sem && p.causal && !fit;
+    const int n_kt = (int)gridDim.x, j = rev ? n_kt - 1 - (int)blockIdx.x : (int)blockIdx.x, j0 = j * BWD_Bc;
     const int n_t = (p.N_q + br - 1) / br, first = bwd_first_tile(p, j0, br);
     const int per_head = max(0, n_t - first), steps = group * per_head;
+    const int rot = sem && fit && !p.causal ? (int)((long long)j * steps / n_kt) : 0;   /* bwd_turn */
     const int n_pad = n_t * br;
     if (threadIdx.x == 0) {
         mbar_init(sm.kv, 1);
@@ -1117,7 +1131,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
             }
             for (int t = 0; t < steps; t++) {
                 int g, qt;
-                bwd_step_of(t, per_head, first, &g, &qt);
+                bwd_step_of(t, per_head, first, rot, steps, &g, &qt);
                 const int h = h_kv * group + g, i0 = qt * br, st = t % STAGES, ph = t / STAGES & 1;
                 const size_t row = ((size_t)b * p.H + h) * n_pad + i0;
                 TRACE_AT(&a, 0, t, 0);
@@ -1141,9 +1155,10 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
              * before this one (two arrivals a block), and counted once the adds have landed. */
             for (int t = 0; t < steps; t++) {
                 int g, qt;
-                bwd_step_of(t, per_head, first, &g, &qt);
+                bwd_step_of(t, per_head, first, rot, steps, &g, &qt);
                 const size_t tile = ((size_t)b * p.H + h_kv * group + g) * n_t + qt;
-                const int turn = sem ? bwd_turn(&p, j0 / BWD_Bc, qt, br) : -1;
+                const int u = t + rot < steps ? t + rot : t + rot - steps;
+                const int turn = sem ? bwd_turn(&p, j, qt, u, steps, n_kt, br, fit) : -1;
                 for (int c = 0; c < 2; c++) {
                     float *dst = dq_acc + tile * br * d + (size_t)c * 64 * 64;
                     mbar_wait(sm.dq_full + 8 * c, t & 1);
@@ -1179,7 +1194,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     const int cut = j0 + BWD_Bc > p.N_k;
     for (int t = 0; t < steps; t++) {
         int g, qt;
-        bwd_step_of(t, per_head, first, &g, &qt);
+        bwd_step_of(t, per_head, first, rot, steps, &g, &qt);
         const int h = h_kv * group + g, i0 = qt * br, st = t % STAGES, ph = t / STAGES & 1;
         TRACE_AT(&a, 0, t, 0);
         mbar_wait(sm.q_full + 8 * st, ph);
@@ -1217,17 +1232,18 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     }
 }
 
-typedef void (*backward_fn)(attn_problem, attn_args, const float *, const float *, float *, int *,
+typedef void (*backward_fn)(attn_problem, attn_args, const float *, const float *, float *, int *, int,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap);
 #define BWD_KERNEL(name, d, fp16, wr)                                                             \
     static __global__ void __launch_bounds__(BWD_THREADS, 1)                                      \
     name(attn_problem p, attn_args a, const float *L2, const float *D, float *dq_acc, int *sem,    \
+         int fit,                                                                                  \
          const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,         \
          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmO,         \
          const __grid_constant__ CUtensorMap tmdK, const __grid_constant__ CUtensorMap tmdV)       \
-    { tiled_backward(p, a, L2, D, dq_acc, sem, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16, wr); }
+    { tiled_backward(p, a, L2, D, dq_acc, sem, fit, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16, wr); }
 BWD_KERNEL(backward_64_bf16, 64, 0, DEFAULT_WR)
 BWD_KERNEL(backward_64_fp16, 64, 1, DEFAULT_WR)
 BWD_KERNEL(backward_128_bf16, 128, 0, DEFAULT_WR)
@@ -1264,9 +1280,18 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     const size_t smem = bwd_smem_bytes(p->d, wr);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
+    /* deterministic: do a head's key tiles all fit on the GPU at once (bwd_turn)? */
+    int fit = 0;
+    if (det) {
+        int dev = 0, sms = 0, per_sm = 0;
+        ATTN_TRY(cudaGetDevice(&dev));
+        ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BWD_THREADS, smem));
+        fit = (long long)grid.x <= (long long)sms * per_sm;
+    }
     attn_args ka = *a;   /* the kernel's a.ws: TRACE=1's stamps */
     ka.ws = (char *)a->ws + bwd_trace_at(p);
-    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, ka, L2, D, dq_acc, p->deterministic ? sem : NULL,
+    kernel<<<grid, BWD_THREADS, smem, s>>>(*p, ka, L2, D, dq_acc, p->deterministic ? sem : NULL, fit,
                                            tmQ, tmK, tmV, tmO, tmdK, tmdV);
     ATTN_LAUNCH_CHECK();
     const size_t n = (size_t)p->B * p->N_q * p->H * p->d;
