@@ -340,63 +340,6 @@ Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
     if (!ran) cr_skip_test("no deterministic backward built or accepted");
 }
 
-/* --deterministic against the oracle: the semaphores' order (stage 10's walk rotated per key
- * tile, causal shortest first) at odd shapes, GQA, N_q != N_k, fp16. */
-Test(gpu, deterministic_backward_against_oracle, .timeout = 600)
-{
-    need_gpu();
-    attn_oracle_threads = 2;
-    static const struct { int B, H, H_kv, N_q, N_k, d, causal, fp16; } shapes[] = {
-        { 2, 4, 2, 1000, 1000, 128, 0, 0 }, { 1, 2, 2, 4097, 4097, 64, 1, 0 },
-        { 1, 4, 2, 1000, 900, 128, 1, 1 }, { 1, 6, 2, 700, 1300, 64, 0, 1 } };
-    static const char *names[] = { "06_fa2", "10_fa3_backward", "13_hopper_masks" };
-    int failures = 0, ran = 0;
-    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N_q,
-                                      shapes[k].N_k, shapes[k].d, shapes[k].causal);
-        p.dtype = shapes[k].fp16 ? ATTN_FP16 : ATTN_BF16;
-        p.deterministic = 1;
-        attn_host in;
-        cr_assert_eq(attn_host_alloc(&in, &p, 1), 0);
-        attn_host_fill(&in, test_seed(3500 + k), ATTN_INPUT_NORMAL);
-        attn_ref r;
-        cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
-        for (size_t n = 0; n < sizeof names / sizeof names[0]; n++) {
-            const attn_stage *st = NULL;
-            for (int i = 0; i < attn_nstages; i++)
-                if (!strcmp(attn_stages[i]->name, names[n])) st = attn_stages[i];
-            if (!st || !st->backward) continue;
-            attn_host t;
-            cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
-            copy_inputs(&t, &in);
-            attn_run_info info;
-            attn_run_opts opts = { 0, 1 };
-            const attn_run_status rs = attn_run(st, &t, ATTN_BACKWARD, &opts, &info);
-            char shape[256];
-            attn_problem_str(&p, st->name, ATTN_BACKWARD, shape, sizeof shape);
-            if (rs == ATTN_RUN_REFUSED) {
-                fprintf(stderr, "[INFO] %s: refused: %s\n", shape, info.why);
-            } else if (rs != ATTN_RUN_OK) {
-                fprintf(stderr, "%s: %s\n", shape, info.why);
-                failures++;
-            } else {
-                attn_cmp c[5];
-                int nc;
-                ran++;
-                if (compare_all(c, &nc, &t, ATTN_BACKWARD, &r, st->name)) {
-                    print_cmp(shape, c, nc);
-                    failures++;
-                }
-            }
-            attn_host_free(&t);
-        }
-        attn_ref_free(&r);
-        attn_host_free(&in);
-    }
-    if (!ran) cr_skip_test("no deterministic backward built or accepted");
-    cr_assert_eq(failures, 0, "%d deterministic backward runs failed", failures);
-}
-
 /* Run a shell command, its output (stdout and stderr) into buf; returns its exit status, -1
  * if it did not exit. */
 static int run_capture(const char *cmd, char *buf, size_t n)
@@ -873,6 +816,38 @@ static int masked_run(const attn_stage *st, const attn_host *in, attn_dir dir, c
     }
     attn_host_free(&t);
     return ran;
+}
+
+/* --deterministic against the oracle: the semaphores' order (stage 10's walk rotated per key
+ * tile, causal shortest first) at odd shapes, GQA, N_q != N_k, fp16. */
+Test(gpu, deterministic_backward_against_oracle, .timeout = 600)
+{
+    need_gpu();
+    attn_oracle_threads = 2;
+    static const struct { int B, H, H_kv, N_q, N_k, d, causal, fp16; } shapes[] = {
+        { 2, 4, 2, 1000, 1000, 128, 0, 0 }, { 1, 2, 2, 4097, 4097, 64, 1, 0 },
+        { 1, 4, 2, 1000, 900, 128, 1, 1 }, { 1, 6, 2, 700, 1300, 64, 0, 1 } };
+    static const char *names[] = { "06_fa2", "10_fa3_backward", "13_hopper_masks" };
+    int failures = 0, ran = 0;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        attn_problem p = test_problem(shapes[k].B, shapes[k].H, shapes[k].H_kv, shapes[k].N_q,
+                                      shapes[k].N_k, shapes[k].d, shapes[k].causal);
+        p.dtype = shapes[k].fp16 ? ATTN_FP16 : ATTN_BF16;
+        p.deterministic = 1;
+        attn_host in;
+        cr_assert_eq(attn_host_alloc(&in, &p, 1), 0);
+        attn_host_fill(&in, test_seed(3500 + k), ATTN_INPUT_NORMAL);
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
+        for (size_t n = 0; n < sizeof names / sizeof names[0]; n++)
+            for (int i = 0; i < attn_nstages; i++)
+                if (!strcmp(attn_stages[i]->name, names[n]) && attn_stages[i]->backward)
+                    ran += masked_run(attn_stages[i], &in, ATTN_BACKWARD, &r, NULL, 1, &failures);
+        attn_ref_free(&r);
+        attn_host_free(&in);
+    }
+    if (!ran) cr_skip_test("no deterministic backward built or accepted");
+    cr_assert_eq(failures, 0, "%d deterministic backward runs failed", failures);
 }
 
 /* Every kind of mask at odd shapes, forward and backward, against the float64 oracle (which
