@@ -2,7 +2,8 @@
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every stage program,
 # forward and backward, at small odd shapes: the 300-token ones big enough that tiled stages also
 # run tiles that need no mask; the 700-token one more query tiles than an H200 has SMs, so that a
-# persistent grid's blocks walk several; the head dim 256 one only the Hopper stages run; the
+# persistent grid's blocks walk several; the head dim 256 one only the Hopper stages run; two
+# deterministic backwards (the semaphores' turns: GQA without a mask, causal at an odd N); the
 # next six, two windows and four block masks, only the stages with masks (at head dims 64 and
 # 128, with and without GQA; at 256 forward only, which 13_hopper_masks alone runs; one with a
 # window AND a mask, deterministic: the semaphores' turns counted over the mask); the last
@@ -21,6 +22,8 @@ shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
         "--batch 1 --heads 1 --seqlen 4100 --dim 128 --causal"
         "--batch 1 --heads 24 --kv-heads 8 --seqlen 700 --dim 128 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 150 --dim 256 --causal --dtype fp16"
+        "--batch 1 --heads 4 --kv-heads 2 --seqlen 700 --dim 64 --deterministic"
+        "--batch 1 --heads 2 --seqlen 353 --dim 128 --causal --deterministic"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 64 --causal --window 70"
         "--batch 1 --heads 2 --seqlen 300 --dim 128 --causal --window 100"
         "--batch 1 --heads 4 --kv-heads 2 --seqlen 300 --dim 128 --mask random:0.5"
