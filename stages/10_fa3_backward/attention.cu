@@ -24,6 +24,7 @@
  *
  * Run: make build/10_fa3_backward && build/10_fa3_backward --seqlen 8192 --dim 128 --backward --check --bench
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include "attn_device.cuh"
@@ -1295,7 +1296,8 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
         ATTN_TRY(cudaGetDevice(&dev));
         ATTN_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, BWD_THREADS, smem));
-        fit = (long long)grid.x <= (long long)sms * per_sm;
+        const long long steps = (long long)(p->H / p->H_kv) * attn_ceil_div(p->N_q, br);
+        fit = (long long)grid.x <= (long long)sms * per_sm && steps * grid.x < INT_MAX;   /* int turns */
     }
     attn_args ka = *a;   /* the kernel's a.ws: TRACE=1's stamps */
     ka.ws = (char *)a->ws + bwd_trace_at(p);
