@@ -12,7 +12,8 @@
  *   masked step: O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
  *   an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
- *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn).
+ *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn) and handed
+ *   by the consumers to the writer beside their slice; the walks are not rotated.
  * Why: exact attention at a fraction of the work, on the Hopper pipeline rather than mma.sync.
  * Expected: time follows the visible tiles; a window W makes it linear in N. The goal: >= 1.0x
  *   FlexAttention per mask, visible-pair TFLOP/s >= 0.9x 10_fa3_backward's dense rate (unmeasured).
@@ -1043,36 +1044,33 @@ static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
 #endif
 #define BAR_DS      8                         /* both consumers: dSᵀ of the step is stored */
 #define BAR_DKV     9                         /* both consumers: done with K_j and V_j */
-#define BAR_WG      10                        /* BAR_WG + c: consumer c alone (deterministic dQ) */
 #ifndef DQ_ATOMICS   /* knob: OFF=dq_atomics, a writer warp adds dQ_i by a bulk reduce from shared memory */
 #define DQ_ATOMICS 1
 #endif
+/* wr (a literal of each kernel): dQ_i leaves through the writer warp, not by the consumers'
+ * atomics. The deterministic kernels always take the writer: its warp waits for a query tile's
+ * turn while the consumers go on with the next step. The default ones take the atomics. */
+#define DEFAULT_WR  (!DQ_ATOMICS)
 /* Registers a thread after setmaxnreg, consumers and producer: 240 x 256 + 24 x 128 fill the
- * 168 x 384 the kernel starts with; the dQ writer's loop (OFF=dq_atomics) needs 32 there. */
-#if DQ_ATOMICS
-#define BWD_REGS    240
-#define BWD_PRODUCER_REGS 24
-#else
-#define BWD_REGS    232
-#define BWD_PRODUCER_REGS 32
-#endif
+ * 168 x 384 the kernel starts with. The writer reads each step's turn from shared memory
+ * (bwd_smem's turn, written by the consumers), so that its loop fits in 24. */
 #define DQ_SLICE    (64 * 64 * 4)             /* bytes of a consumer's part of dQ_i (writer) */
 
 /* Dynamic shared memory of the backward, 16-bit tiles of 64-column boxes: K_j, V_j [Bc][d];
  * STAGES x Q_i, dO_i [Br][d]; two dSᵀ buffers [Bc][Br] (keys as rows, queries as columns);
  * STAGES x L_i, D_i [Br] fp32; then the mbarriers: K/V's, and full and empty ones per stage
  * for Q_i (with L_i) and for dO_i (with D_i). */
-typedef struct { uint32_t K, V, Q, dO, dS, dQ, L, D, kv, q_full, q_empty, o_full, o_empty, dq_full, dq_free; } bwd_smem;
+typedef struct { uint32_t K, V, Q, dO, dS, dQ, L, D, kv, q_full, q_empty, o_full, o_empty, dq_full, dq_free, turn; } bwd_smem;
 
-static __host__ __device__ __forceinline__ size_t bwd_smem_bytes(int d)
+static __host__ __device__ __forceinline__ size_t bwd_smem_bytes(int d, int wr)
 {
     const int br = BWD_Br(d);
     return (size_t)(2 * BWD_Bc + 2 * STAGES * br) * d * 2 + 2 * (size_t)BWD_Bc * br * 2 +
-           (DQ_ATOMICS ? 0 : 2 * DQ_SLICE) + 2 * STAGES * br * sizeof(float) +
-           (1 + 4 * STAGES + 4) * sizeof(uint64_t);
+           (wr ? 2 * DQ_SLICE : 0) + 2 * STAGES * br * sizeof(float) +
+           (1 + 4 * STAGES + 4) * sizeof(uint64_t) + 2 * sizeof(int);
 }
 
-static __device__ __forceinline__ bwd_smem bwd_layout(int d)
+static __device__ __forceinline__ bwd_smem bwd_layout(int d, int wr)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     const int br = BWD_Br(d);
@@ -1082,8 +1080,8 @@ static __device__ __forceinline__ bwd_smem bwd_layout(int d)
     m.Q = m.V + BWD_Bc * d * 2;            /* stage s at Q + s br d 2 */
     m.dO = m.Q + STAGES * br * d * 2;
     m.dS = m.dO + STAGES * br * d * 2;     /* buffer u at dS + u Bc br 2 */
-    m.dQ = m.dS + 2 * BWD_Bc * br * 2;     /* OFF=dq_atomics: consumer c's part at dQ + c DQ_SLICE */
-    m.L = m.dQ + (DQ_ATOMICS ? 0 : 2 * DQ_SLICE);   /* stage s at L + s br 4 */
+    m.dQ = m.dS + 2 * BWD_Bc * br * 2;     /* wr: consumer c's part at dQ + c DQ_SLICE */
+    m.L = m.dQ + (wr ? 2 * DQ_SLICE : 0);  /* stage s at L + s br 4 */
     m.D = m.L + STAGES * br * 4;
     m.kv = m.D + STAGES * br * 4;
     m.q_full = m.kv + 8;
@@ -1092,6 +1090,7 @@ static __device__ __forceinline__ bwd_smem bwd_layout(int d)
     m.o_empty = m.o_full + 8 * STAGES;
     m.dq_full = m.o_empty + 8 * STAGES;    /* [2]: consumer c's part is in shared memory */
     m.dq_free = m.dq_full + 16;            /* [2]: the writer has read it */
+    m.turn = m.dq_free + 16;               /* [2] int: the turn of consumer c's part (deterministic) */
     return m;
 }
 
@@ -1258,7 +1257,7 @@ static __device__ __forceinline__ void bwd_step_of(const bwd_lists bl, int v, in
  * tiles that list qt: those of its key_tiles range lo .. hi-1, and with a block mask only the
  * ones its mask row holds (counted with the row's prefix sums). The order: that of j; causal,
  * j from hi - 1 down, the shortest blocks (the last key tiles, with the fewest query tiles)
- * first, since they reach qt first; they are also launched first (the kernels' rev). So in
+ * first, since they reach qt first; they are also launched first (tiled_backward's rev). So in
  * either order a block only ever waits for blocks launched before it, which wait only for
  * blocks before them: no cycle, whatever order a block's own list is in. */
 static __device__ __forceinline__ int bwd_turn(const attn_problem *p, const attn_args *a,
@@ -1286,27 +1285,16 @@ static __device__ __forceinline__ void sem_wait(const int *s, int turn)
     }
 }
 
-/* Count one arrival at s, after this warpgroup's adds (the barrier before it orders them): a
- * release at GPU scope makes every add the barrier ordered before it visible to the next
- * sem_wait that sees the count, without a fence in every thread. (A __threadfence after the
- * adds made ptxas turn them into returning atomics, ATOMG, on one scoreboard with the step's
- * exp2: the next step's softmax then waited for the last step's adds to come back from L2,
- * deterministic or not; red.add, REDG, returns nothing.) */
-static __device__ __forceinline__ void sem_post(int *s)
-{
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" : : "l"(s) : "memory");
-}
-
 /* Step t of consumer c: query rows i0 .., head h; stage st of the rings, dSᵀ buffer t % 2.
  * masked (a literal at each call) masks the scores of keys outside the band w (causal, the
  * window) and keys past N_k. dk, dv: this consumer's 64 keys x d accumulators. */
 static __device__ __forceinline__ void bwd_step(const attn_problem *p, const attn_args *a,
-                                                float *dq_acc, int *sem, int turn, const band w, int c, int b,
+                                                float *dq_acc, int turn, const band w, int c, int b,
                                                 int h, int i0, int j0, int st, int t, float dk[][4],
                                                 float dv[][4], const int masked, const int d,
-                                                const int fp16)
+                                                const int fp16, const int wr)
 {
-    const bwd_smem sm = bwd_layout(d);
+    const bwd_smem sm = bwd_layout(d, wr);
     const int br = BWD_Br(d), lane = threadIdx.x % WARP, warp = threadIdx.x / WARP % 4;
     const int tid = threadIdx.x % WARPGROUP, u = t % 2;
     const uint32_t Q = sm.Q + st * br * d * 2, dO = sm.dO + st * br * d * 2;
@@ -1314,9 +1302,9 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     const float *Dv = (const float *)(smem_ptr(sm.D) + st * br * 4);
     const float scale_log2 = p->scale * LOG2E;
 
-    /* OFF=dq_atomics: this consumer's dQ slice is free (the writer has read the last step's);
-     * waited for here, where no product is in flight. */
-    if (!DQ_ATOMICS) mbar_wait(sm.dq_free + 8 * c, u ^ 1);
+    /* wr: this consumer's dQ slice is free (the writer has read the last step's); waited for
+     * here, where no product is in flight. */
+    if (wr) mbar_wait(sm.dq_free + 8 * c, u ^ 1);
 
     /* Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ: M = this consumer's 64 keys, N = br queries. */
     float s[BWD_Br(64) / MMA_N][4], dp[BWD_Br(64) / MMA_N][4];
@@ -1433,33 +1421,22 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     mbar_arrive(sm.o_empty + 8 * st);
 
     /* dQ_i's part, added to the accumulator: a 16-byte red.global.add.f32 per n, a warp's
-     * atomics on 512 consecutive bytes (bwd_dq_slot). Rows past N_q add zeros. Deterministic:
-     * the key tiles add to a query tile one after the other, in the order of j (every key tile
-     * before this one sees the query tile too), counted by the tile's semaphore: two arrivals
-     * a block. */
-    const int n_t = (p->N_q + br - 1) / br;
-    const size_t tile = ((size_t)b * p->H + h) * n_t + i0 / br;
-    if (!DQ_ATOMICS) {   /* to the writer, through this consumer's slice (one at a time) */
+     * atomics on 512 consecutive bytes (bwd_dq_slot), or (wr) handed to the writer with its
+     * turn (bwd_turn, deterministic). Rows past N_q add zeros. */
+    if (wr) {   /* to the writer, through this consumer's slice (one at a time) */
         float4 *slice = (float4 *)smem_ptr(sm.dQ + c * DQ_SLICE);
 #pragma unroll
         for (int n = 0; n < 64 / MMA_N; n++)
             slice[n * WARPGROUP + tid] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+        if (tid == 0) ((volatile int *)smem_ptr(sm.turn))[c] = turn;
         fence_proxy_async();
         mbar_arrive(sm.dq_full + 8 * c);
     } else {
+        const size_t tile = ((size_t)b * p->H + h) * ((p->N_q + br - 1) / br) + i0 / br;
         float4 *dst = (float4 *)(dq_acc + tile * br * d + (size_t)c * 64 * 64) + tid;
-        if (sem) {
-            wgmma_wait_0();         /* no product in flight across the wait's divergent loop */
-            if (tid == 0) sem_wait(sem + tile, turn);
-            bar_sync(BAR_WG + c, WARPGROUP);
-        }
 #pragma unroll
         for (int n = 0; n < 64 / MMA_N; n++)
             atomicAdd(dst + n * WARPGROUP, make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]));
-        if (sem) {
-            bar_sync(BAR_WG + c, WARPGROUP);
-            if (tid == 0) sem_post(sem + tile);
-        }
     }
     TRACE_AT(a, 0, t, 6);
     wgmma_wait_0();
@@ -1476,12 +1453,12 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                                                       const CUtensorMap *tmQ, const CUtensorMap *tmK,
                                                       const CUtensorMap *tmV, const CUtensorMap *tmO,
                                                       const CUtensorMap *tmdK, const CUtensorMap *tmdV,
-                                                      const int d, const int fp16, const int rev)
+                                                      const int d, const int fp16, const int wr)
 {
-    const bwd_smem sm = bwd_layout(d);
+    const bwd_smem sm = bwd_layout(d, wr);
     const int br = BWD_Br(d), wg = __shfl_sync(0xffffffffu, threadIdx.x / WARPGROUP, 0);
-    /* key tile j0 / Bc: the launch order, or (rev: causal and deterministic) last first */
-    const int b = blockIdx.z, h_kv = blockIdx.y, group = p.H / p.H_kv;
+    /* key tile j0 / Bc: the launch order, or (causal and deterministic) last first */
+    const int b = blockIdx.z, h_kv = blockIdx.y, group = p.H / p.H_kv, rev = sem && p.causal;
     const int j0 = (rev ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x) * BWD_Bc;
     const int n_t = (p.N_q + br - 1) / br, v = (b * p.H_kv + h_kv) * (int)gridDim.x + j0 / BWD_Bc;
     int first, end;   /* the query tiles that see these keys (without a block mask, the steps) */
@@ -1505,7 +1482,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     __syncthreads();
 
     if (wg == 0) {
-        SETMAXNREG_DEC(BWD_PRODUCER_REGS);
+        SETMAXNREG_DEC(24);
         if (threadIdx.x == 0) {
             mbar_arrive_expect_tx(sm.kv, 2 * BWD_Bc * d * 2);
             for (int c = 0; c < d / BOX_COLS; c++) {
@@ -1531,18 +1508,19 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 bulk_load(sm.D + st * br * 4, D + row, br * 4, sm.o_full + 8 * st);
                 TRACE_AT(&a, 0, t, 2);
             }
-        } else if (!DQ_ATOMICS && threadIdx.x == WARP) {
+        } else if (wr && threadIdx.x == WARP) {
             /* The dQ writer: each consumer's part of each step's dQ_i, added to the accumulator
              * by one bulk reduce of 16 KiB (the slice is in the accumulator's own order); the
              * slice is free once the copy has read it. Deterministic: after the key tiles
-             * before this one (two arrivals a block), and counted once the adds have landed. */
+             * before this one (two arrivals a block, the turn its consumer computed), and
+             * counted once the adds have landed. */
             for (int t = 0; t < steps; t++) {
                 int g, qt;
                 bwd_step_of(bl, v, t, per_head, first, n_t, &g, &qt);
                 const size_t tile = ((size_t)b * p.H + h_kv * group + g) * n_t + qt;
                 for (int c = 0; c < 2; c++) {
                     mbar_wait(sm.dq_full + 8 * c, t & 1);
-                    if (sem) sem_wait(sem + tile, bwd_turn(&p, &a, bl, b, h_kv * group + g, j0 / BWD_Bc, qt, br));
+                    if (sem) sem_wait(sem + tile, ((volatile int *)smem_ptr(sm.turn))[c]);
                     bulk_reduce_add_f32(dq_acc + tile * br * d + (size_t)c * 64 * 64, sm.dQ + c * DQ_SLICE, DQ_SLICE);
                     bulk_commit();
                     bulk_wait_read_0();
@@ -1558,7 +1536,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         }
         return;
     }
-    SETMAXNREG_INC(BWD_REGS);
+    SETMAXNREG_INC(240);
     const int c = wg - 1;
     float dk[128 / MMA_N][4], dv[128 / MMA_N][4];
 #pragma unroll
@@ -1581,9 +1559,9 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         mbar_wait(sm.o_full + 8 * st, ph);
         TRACE_AT(&a, 0, t, 1);
         if (band_cuts(p, w, i0, min(i0 + br, p.N_q) - 1, j0, j0 + BWD_Bc))
-            bwd_step(&p, &a, dq_acc, sem, turn, w, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16);
+            bwd_step(&p, &a, dq_acc, turn, w, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16, wr);
         else
-            bwd_step(&p, &a, dq_acc, sem, turn, w, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16);
+            bwd_step(&p, &a, dq_acc, turn, w, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16, wr);
     }
 
     /* dK_j = scale sum dSᵀ Q_i and dV_j = sum Pᵀ dO_i, rounded, into K_j's and V_j's tiles once
@@ -1617,23 +1595,23 @@ typedef void (*backward_fn)(attn_problem, attn_args, const float *, const float 
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                             const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap);
-#define BWD_KERNEL(name, d, fp16, rev)                                                            \
+#define BWD_KERNEL(name, d, fp16, wr)                                                             \
     static __global__ void __launch_bounds__(BWD_THREADS, 1)                                      \
     name(attn_problem p, attn_args a, const float *L2, const float *D, float *dq_acc, int *sem,    \
          band w, bwd_lists bl,                                                                      \
          const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,         \
          const __grid_constant__ CUtensorMap tmV, const __grid_constant__ CUtensorMap tmO,         \
          const __grid_constant__ CUtensorMap tmdK, const __grid_constant__ CUtensorMap tmdV)       \
-    { tiled_backward(p, a, L2, D, dq_acc, sem, w, bl, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16, rev); }
-BWD_KERNEL(backward_64_bf16, 64, 0, 0)
-BWD_KERNEL(backward_64_fp16, 64, 1, 0)
-BWD_KERNEL(backward_128_bf16, 128, 0, 0)
-BWD_KERNEL(backward_128_fp16, 128, 1, 0)
-/* causal and deterministic: the key tiles launched last first (bwd_turn) */
-BWD_KERNEL(backward_64_bf16_rev, 64, 0, 1)
-BWD_KERNEL(backward_64_fp16_rev, 64, 1, 1)
-BWD_KERNEL(backward_128_bf16_rev, 128, 0, 1)
-BWD_KERNEL(backward_128_fp16_rev, 128, 1, 1)
+    { tiled_backward(p, a, L2, D, dq_acc, sem, w, bl, &tmQ, &tmK, &tmV, &tmO, &tmdK, &tmdV, d, fp16, wr); }
+BWD_KERNEL(backward_64_bf16, 64, 0, DEFAULT_WR)
+BWD_KERNEL(backward_64_fp16, 64, 1, DEFAULT_WR)
+BWD_KERNEL(backward_128_bf16, 128, 0, DEFAULT_WR)
+BWD_KERNEL(backward_128_fp16, 128, 1, DEFAULT_WR)
+/* --deterministic: dQ through the writer, in the turns' order (bwd_turn) */
+BWD_KERNEL(backward_64_bf16_det, 64, 0, 1)
+BWD_KERNEL(backward_64_fp16_det, 64, 1, 1)
+BWD_KERNEL(backward_128_bf16_det, 128, 0, 1)
+BWD_KERNEL(backward_128_fp16_det, 128, 1, 1)
 
 /* The backward's lists: a warp per key-tile block v (keys j0 .. of kv head h_kv, batch b), whose
  * lanes take 32 of its candidate steps (g, qt) at a time, heads first, then the query tiles of
@@ -1686,11 +1664,11 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     bwd_preprocess<<<attn_blocks_for(rows > zero4 ? rows : zero4, 256), 256, 0, s>>>(*p, *a, L2, D, dq_acc, sem);
     ATTN_LAUNCH_CHECK();
     const int fp16 = p->dtype == ATTN_FP16, br = BWD_Br(p->d);
-    const int rev = p->deterministic && p->causal;
-    const backward_fn kernel = p->d == 64 ? (fp16 ? (rev ? backward_64_fp16_rev : backward_64_fp16)
-                                                  : (rev ? backward_64_bf16_rev : backward_64_bf16))
-                                          : (fp16 ? (rev ? backward_128_fp16_rev : backward_128_fp16)
-                                                  : (rev ? backward_128_bf16_rev : backward_128_bf16));
+    const int det = p->deterministic, wr = det || DEFAULT_WR;
+    const backward_fn kernel = p->d == 64 ? (fp16 ? (det ? backward_64_fp16_det : backward_64_fp16)
+                                                  : (det ? backward_64_bf16_det : backward_64_bf16))
+                                          : (fp16 ? (det ? backward_128_fp16_det : backward_128_fp16)
+                                                  : (det ? backward_128_bf16_det : backward_128_bf16));
     CUtensorMap tmQ, tmK, tmV, tmO, tmdK, tmdV;
     if (hopper_tensor_map(&tmQ, a->q, p->dtype, p->d, p->N_q, p->H, p->B, br) ||
         hopper_tensor_map(&tmO, a->d_o, p->dtype, p->d, p->N_q, p->H, p->B, br) ||
@@ -1717,7 +1695,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
             bl.prefix = prefix;
         }
     }
-    const size_t smem = bwd_smem_bytes(p->d);
+    const size_t smem = bwd_smem_bytes(p->d, wr);
     ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid(attn_ceil_div(p->N_k, BWD_Bc), p->H_kv, p->B);
     attn_args ka = *a;   /* the kernel's a.ws: TRACE=1's stamps */
@@ -1772,7 +1750,7 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "13_hopper_masks cannot query the device");
         return 1;
     }
-    const size_t smem = dir == ATTN_BACKWARD ? bwd_smem_bytes(p->d) : smem_bytes(p->d);
+    const size_t smem = dir == ATTN_BACKWARD ? bwd_smem_bytes(p->d, p->deterministic || DEFAULT_WR) : smem_bytes(p->d);
     if (smem > (size_t)smem_max) {
         snprintf(why, ATTN_WHY_LEN,
                  "head dim %d needs %zu KiB of shared memory for the tiles; this GPU gives a block "
