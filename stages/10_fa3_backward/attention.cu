@@ -1153,10 +1153,7 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
             /* The dQ writer: each consumer's part of each step's dQ_i, added to the accumulator
              * by one bulk reduce of 16 KiB (the slice is in the accumulator's own order); the
              * slice is free once the copy has read it. Deterministic: after the key tiles
-             * before this one (two arrivals a block), and counted once the adds have landed,
-             * which the writer checks at the next step, when its first slice is in: the
-             * landing overlaps the consumers' step. */
-            size_t done = (size_t)-1;   /* the tile whose adds are yet to be counted */
+             * before this one (two arrivals a block), and counted once the adds have landed. */
             for (int t = 0; t < steps; t++) {
                 int g, qt;
                 bwd_step_of(t, per_head, first, rot, steps, &g, &qt);
@@ -1166,11 +1163,6 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 for (int c = 0; c < 2; c++) {
                     float *dst = dq_acc + tile * br * d + (size_t)c * 64 * 64;
                     mbar_wait(sm.dq_full + 8 * c, t & 1);
-                    if (sem && c == 0 && done != (size_t)-1) {
-                        bulk_wait_0();
-                        __threadfence();
-                        atomicAdd(sem + done, 2);
-                    }
                     if (sem) sem_wait(sem + tile, turn);
                     /* The first in the order writes the slice: no accumulator to zero first. */
                     if (turn == 0) bulk_store(dst, sm.dQ + c * DQ_SLICE, DQ_SLICE);
@@ -1178,14 +1170,14 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                     bulk_commit();
                     bulk_wait_read_0();
                     mbar_arrive(sm.dq_free + 8 * c);
+                    if (sem) {
+                        bulk_wait_0();
+                        __threadfence();
+                        atomicAdd(sem + tile, 1);
+                    }
                 }
-                done = tile;
             }
             bulk_wait_0();
-            if (sem && done != (size_t)-1) {
-                __threadfence();
-                atomicAdd(sem + done, 2);
-            }
         }
         return;
     }
