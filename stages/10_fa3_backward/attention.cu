@@ -1163,18 +1163,18 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
                 for (int c = 0; c < 2; c++) {
                     float *dst = dq_acc + tile * br * d + (size_t)c * 64 * 64;
                     mbar_wait(sm.dq_full + 8 * c, t & 1);
-                    if (sem) sem_wait(sem + tile, turn);
+                    if (sem && c == 0) sem_wait(sem + tile, turn);
                     /* The first in the order writes the slice: no accumulator to zero first. */
                     if (turn == 0) bulk_store(dst, sm.dQ + c * DQ_SLICE, DQ_SLICE);
                     else           bulk_reduce_add_f32(dst, sm.dQ + c * DQ_SLICE, DQ_SLICE);
                     bulk_commit();
                     bulk_wait_read_0();
                     mbar_arrive(sm.dq_free + 8 * c);
-                    if (sem) {
-                        bulk_wait_0();
-                        __threadfence();
-                        atomicAdd(sem + tile, 1);
-                    }
+                }
+                if (sem) {   /* both slices landed: one wait a step */
+                    bulk_wait_0();
+                    __threadfence();
+                    atomicAdd(sem + tile, 2);
                 }
             }
             bulk_wait_0();
