@@ -816,13 +816,6 @@ static size_t bwd_trace_at(const attn_problem *p) { return (bwd_workspace(p) + 2
  * wgmma's (dq[n][e]: row 16 warp + lane/4 + 8 (e/2), column 8n + 2 (lane%4) + e%2); the four
  * values dq[n][0..3] of thread t sit together at 4 (WARPGROUP n + t), so that a thread adds
  * them with one 16-byte atomic and a warp's atomics cover 512 consecutive bytes. */
-static __host__ __device__ __forceinline__ size_t bwd_dq_slot(size_t tile, int r, int col, int d)
-{
-    const int br = BWD_Br(d), c = br == 64 ? col / 64 : r / 64, rr = r % 64, cc = col % 64;
-    const int t = (rr % 64) / 16 * WARP + rr % 8 * QUAD + cc % 8 / 2;
-    const int n = cc / 8, e = rr % 16 / 8 * 2 + cc % 2;
-    return tile * br * d + (size_t)c * 64 * 64 + 4 * ((size_t)n * WARPGROUP + t) + e;
-}
 
 /* Preprocess: for every row of every head, L in base 2 and D_i = rowsum(dO_i ∘ O_i), into the
  * padded rows of the workspace; the dQ accumulator set to zero (not with --deterministic: there
@@ -860,18 +853,28 @@ static __global__ void bwd_preprocess(attn_problem p, attn_args a, float *L2, fl
 }
 
 /* Postprocess: dQ = scale * the accumulator, rounded to the dtype, in [B, N_q, H, d]. A thread
- * per element. */
+ * per four accumulator values, read in the accumulator's order (one 16-byte load; a warp's are
+ * 512 consecutive bytes): a thread's dq[n][0..3], two neighbouring columns of two rows 8 apart
+ * (the layout above), written as two pairs. */
 static __global__ void bwd_postprocess(attn_problem p, const float *dq_acc, void *dq)
 {
     const int br = BWD_Br(p.d), n_t = (p.N_q + br - 1) / br, fp16 = p.dtype == ATTN_FP16;
-    const size_t n = (size_t)p.B * p.N_q * p.H * p.d;
+    const int per_tile = br * p.d / 4;
+    const size_t n = (size_t)p.B * p.H * n_t * per_tile;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (size_t)gridDim.x * blockDim.x) {
-        const int col = (int)(e % p.d), h = (int)(e / p.d % p.H);
-        const int i = (int)(e / p.d / p.H % p.N_q), b = (int)(e / p.d / p.H / p.N_q);
-        const size_t tile = ((size_t)b * p.H + h) * n_t + i / br;
-        const float v = p.scale * dq_acc[bwd_dq_slot(tile, i % br, col, p.d)];
-        ((uint16_t *)dq)[e] = (uint16_t)(pack_x2(v, 0.0f, fp16) & 0xffffu);
+        const size_t tile = e / per_tile;
+        const int in = (int)(e % per_tile), c = in / (64 * 64 / 4), t = in % WARPGROUP;
+        const int rr = t / WARP * 16 + t % WARP / QUAD, cc = in / WARPGROUP % 8 * 8 + 2 * (t % QUAD);
+        const int r = br == 64 ? rr : 64 * c + rr, col = br == 64 ? 64 * c + cc : cc;
+        const int qt = (int)(tile % n_t), h = (int)(tile / n_t % p.H), b = (int)(tile / n_t / p.H);
+        const float4 v = ((const float4 *)dq_acc)[e];
+        for (int hf = 0; hf < 2; hf++) {
+            const int i = qt * br + r + 8 * hf;
+            if (i < p.N_q)
+                *(uint32_t *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, p.d) + col) =
+                    pack_x2(p.scale * (hf ? v.z : v.x), p.scale * (hf ? v.w : v.y), fp16);
+        }
     }
 }
 
@@ -1296,8 +1299,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     kernel<<<grid, BWD_THREADS, smem, s>>>(*p, ka, L2, D, dq_acc, p->deterministic ? sem : NULL, fit,
                                            tmQ, tmK, tmV, tmO, tmdK, tmdV);
     ATTN_LAUNCH_CHECK();
-    const size_t n = (size_t)p->B * p->N_q * p->H * p->d;
-    bwd_postprocess<<<attn_blocks_for(n, 256), 256, 0, s>>>(*p, dq_acc, a->dq);
+    bwd_postprocess<<<attn_blocks_for((size_t)p->B * p->H * bwd_rows(p) * p->d / 4, 256), 256, 0, s>>>(*p, dq_acc, a->dq);
     ATTN_LAUNCH_CHECK();
     return trace_write("10_fa3_backward", ka.ws, s);
 }
