@@ -819,8 +819,9 @@ static size_t bwd_trace_at(const attn_problem *p) { return (bwd_workspace(p) + 2
 
 /* Preprocess: for every row of every head, L in base 2 and D_i = rowsum(dO_i ∘ O_i), into the
  * padded rows of the workspace; the dQ accumulator set to zero (not with --deterministic: there
- * the first add to each query tile is a store). A thread per row (the rows of
- * a warp are neighbours in O's [B, N, H, d] layout when H > 1). */
+ * the first add to each query tile is a store). d / 8 threads a row, one 16-byte chunk of O
+ * and of dO each (a warp reads 512 consecutive bytes of each when H > 1: the rows of
+ * neighbouring heads are neighbours in [B, N, H, d]), their products summed by shuffles. */
 static __global__ void bwd_preprocess(attn_problem p, attn_args a, float *L2, float *D, float *dq_acc,
                                       int *sem)
 {
@@ -832,49 +833,71 @@ static __global__ void bwd_preprocess(attn_problem p, attn_args a, float *L2, fl
             ((float4 *)dq_acc)[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (x < rows / BWD_Br(p.d)) sem[x] = 0;
-    if (x >= rows) return;
-    const int h = (int)(x % p.H), i = (int)(x / p.H % n_pad), b = (int)(x / p.H / n_pad);
-    const size_t at = ((size_t)b * p.H + h) * n_pad + i;
-    if (i >= p.N_q) { L2[at] = INFINITY; D[at] = 0.0f; return; }
-    const float L = a.lse[((size_t)b * p.H + h) * p.N_q + i];
-    L2[at] = L == -INFINITY ? INFINITY : L * LOG2E;   /* no key seen: P = 0 */
-    const uint4 *o = (const uint4 *)((const uint16_t *)a.o + attn_row(b, i, h, p.N_q, p.H, p.d));
-    const uint4 *g = (const uint4 *)((const uint16_t *)a.d_o + attn_row(b, i, h, p.N_q, p.H, p.d));
+    const int per_row = p.d / CHUNK, c = (int)(x % per_row);
+    const size_t row = x / per_row;
+    if (row >= rows) return;   /* whole warps: rows * per_row is a multiple of 32 */
+    const int h = (int)(row % p.H), i = (int)(row / p.H % n_pad), b = (int)(row / p.H / n_pad);
     float acc = 0.0f;
-    for (int c = 0; c < p.d / CHUNK; c++) {
-        const uint4 u = o[c], v = g[c];
+    if (i < p.N_q) {
+        const uint4 u = ((const uint4 *)((const uint16_t *)a.o + attn_row(b, i, h, p.N_q, p.H, p.d)))[c];
+        const uint4 v = ((const uint4 *)((const uint16_t *)a.d_o + attn_row(b, i, h, p.N_q, p.H, p.d)))[c];
         const uint32_t us[4] = { u.x, u.y, u.z, u.w }, vs[4] = { v.x, v.y, v.z, v.w };
         for (int k = 0; k < 4; k++) {
             const float2 f = unpack_x2(us[k], fp16), w = unpack_x2(vs[k], fp16);
             acc = fmaf(f.x, w.x, fmaf(f.y, w.y, acc));
         }
     }
+    for (int m = per_row / 2; m > 0; m /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    if (c != 0) return;
+    const size_t at = ((size_t)b * p.H + h) * n_pad + i;
+    if (i >= p.N_q) { L2[at] = INFINITY; D[at] = 0.0f; return; }
+    const float L = a.lse[((size_t)b * p.H + h) * p.N_q + i];
+    L2[at] = L == -INFINITY ? INFINITY : L * LOG2E;   /* no key seen: P = 0 */
     D[at] = acc;
 }
 
-/* Postprocess: dQ = scale * the accumulator, rounded to the dtype, in [B, N_q, H, d]. A thread
- * per four accumulator values, read in the accumulator's order (one 16-byte load; a warp's are
- * 512 consecutive bytes): a thread's dq[n][0..3], two neighbouring columns of two rows 8 apart
- * (the layout above), written as two pairs. */
+/* Postprocess: dQ = scale * the accumulator, rounded to the dtype, in [B, N_q, H, d], at full
+ * width both ways. A thread reads two float4s in the accumulator's order (a warp's loads are
+ * 512 consecutive bytes), its dq[n][0..3] and dq[n+1][0..3] (n even): two columns in each of
+ * two 8-column groups, on rows r and r + 8 (the layout above). The four threads of a quad hold
+ * 16 columns of those two rows, four 16-byte chunks; two rounds of shuffles (a 4 x 4 transpose)
+ * give each thread one whole chunk, stored in one 16-byte write. */
 static __global__ void bwd_postprocess(attn_problem p, const float *dq_acc, void *dq)
 {
     const int br = BWD_Br(p.d), n_t = (p.N_q + br - 1) / br, fp16 = p.dtype == ATTN_FP16;
-    const int per_tile = br * p.d / 4;
+    const int per_tile = br * p.d / 8;   /* threads a tile; a multiple of 512: whole warps */
     const size_t n = (size_t)p.B * p.H * n_t * per_tile;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (size_t)gridDim.x * blockDim.x) {
         const size_t tile = e / per_tile;
-        const int in = (int)(e % per_tile), c = in / (64 * 64 / 4), t = in % WARPGROUP;
-        const int rr = t / WARP * 16 + t % WARP / QUAD, cc = in / WARPGROUP % 8 * 8 + 2 * (t % QUAD);
+        const int in = (int)(e % per_tile), c = in / 512, t = in % WARPGROUP, np = in / WARPGROUP % 4;
+        const float4 *src = (const float4 *)dq_acc + 2 * (e - in) + 1024 * c + 2 * np * WARPGROUP + t;
+        const float4 v0 = src[0], v1 = src[WARPGROUP];
+        const float sc = p.scale;
+        /* x[2 hf + g]: row r + 8 hf, columns 16 np + 8 g + 2 q, + 1 (q: the thread in its quad) */
+        const uint32_t x[4] = { pack_x2(sc * v0.x, sc * v0.y, fp16), pack_x2(sc * v1.x, sc * v1.y, fp16),
+                                pack_x2(sc * v0.z, sc * v0.w, fp16), pack_x2(sc * v1.z, sc * v1.w, fp16) };
+        /* the transpose: quad thread q ends with chunk q (row r + 8 (q / 2), group q % 2), word s
+         * from thread s. Round 1 swaps 2 x 2 blocks with thread q ^ 2, round 2 words with q ^ 1. */
+        const int q = t % QUAD, hi = q >> 1, lo = q & 1;
+        const uint32_t k0 = hi ? x[2] : x[0], k1 = hi ? x[3] : x[1];   /* chunks 2 hi, 2 hi + 1 */
+        const uint32_t p0 = __shfl_xor_sync(0xffffffffu, hi ? x[0] : x[2], 2);
+        const uint32_t p1 = __shfl_xor_sync(0xffffffffu, hi ? x[1] : x[3], 2);
+        const uint32_t ks = lo ? k1 : k0, kp = lo ? p1 : p0;            /* chunk q: from q, q ^ 2 */
+        const uint32_t rs = __shfl_xor_sync(0xffffffffu, lo ? k0 : k1, 1); /* from q ^ 1 */
+        const uint32_t rp = __shfl_xor_sync(0xffffffffu, lo ? p0 : p1, 1); /* from q ^ 3 */
+        uint32_t w[4];
+        for (int s = 0; s < 4; s++) {
+            const int from = s ^ q;
+            w[s] = from == 0 ? ks : from == 1 ? rs : from == 2 ? kp : rp;
+        }
+        const int rr = t / WARP * 16 + t % WARP / QUAD + 8 * hi, cc = 16 * np + 8 * lo;
         const int r = br == 64 ? rr : 64 * c + rr, col = br == 64 ? 64 * c + cc : cc;
         const int qt = (int)(tile % n_t), h = (int)(tile / n_t % p.H), b = (int)(tile / n_t / p.H);
-        const float4 v = ((const float4 *)dq_acc)[e];
-        for (int hf = 0; hf < 2; hf++) {
-            const int i = qt * br + r + 8 * hf;
-            if (i < p.N_q)
-                *(uint32_t *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, p.d) + col) =
-                    pack_x2(p.scale * (hf ? v.z : v.x), p.scale * (hf ? v.w : v.y), fp16);
-        }
+        const int i = qt * br + r;
+        if (i < p.N_q)
+            *(uint4 *)((uint16_t *)dq + attn_row(b, i, h, p.N_q, p.H, p.d) + col) =
+                make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
 
@@ -1265,7 +1288,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     int *sem = (int *)((char *)dq_acc + bwd_acc_bytes(p));   /* used when deterministic */
     const size_t rows = (size_t)p->B * p->H * bwd_rows(p);
     const size_t zero4 = p->deterministic ? 0 : rows * p->d / 4;
-    bwd_preprocess<<<attn_blocks_for(rows > zero4 ? rows : zero4, 256), 256, 0, s>>>(*p, *a, L2, D, dq_acc, sem);
+    bwd_preprocess<<<attn_blocks_for(rows * (p->d / CHUNK) > zero4 ? rows * (p->d / CHUNK) : zero4, 256), 256, 0, s>>>(*p, *a, L2, D, dq_acc, sem);
     ATTN_LAUNCH_CHECK();
     const int fp16 = p->dtype == ATTN_FP16, br = BWD_Br(p->d);
     const int det = p->deterministic, wr = det || DEFAULT_WR;
@@ -1299,7 +1322,7 @@ static cudaError_t backward(const attn_problem *p, const attn_args *a, cudaStrea
     kernel<<<grid, BWD_THREADS, smem, s>>>(*p, ka, L2, D, dq_acc, p->deterministic ? sem : NULL, fit,
                                            tmQ, tmK, tmV, tmO, tmdK, tmdV);
     ATTN_LAUNCH_CHECK();
-    bwd_postprocess<<<attn_blocks_for((size_t)p->B * p->H * bwd_rows(p) * p->d / 4, 256), 256, 0, s>>>(*p, dq_acc, a->dq);
+    bwd_postprocess<<<attn_blocks_for((size_t)p->B * p->H * bwd_rows(p) * p->d / 8, 256), 256, 0, s>>>(*p, dq_acc, a->dq);
     ATTN_LAUNCH_CHECK();
     return trace_write("10_fa3_backward", ka.ws, s);
 }
