@@ -11,11 +11,20 @@
 #define ATTN_MMA_CUH
 
 #include <stdint.h>
+#include <cuda_fp16.h>
 
 /* Address of a shared-memory object in the shared window (what ldmatrix/cp.async expect). */
 static __device__ __forceinline__ uint32_t smem_u32(const void *p)
 {
     return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* The generic address of a shared-window address (smem_u32's inverse), in the dynamic shared
+ * memory of the stages that keep it as one array, smem[]. */
+static __device__ __forceinline__ unsigned char *smem_ptr(uint32_t addr)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    return smem + (addr - smem_u32(smem));
 }
 
 /* Copy 16 bytes global -> shared without passing through registers; when valid is 0 no
@@ -122,6 +131,15 @@ static __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi)
 static __device__ __forceinline__ uint32_t pack_x2(float lo, float hi, int fp16)
 {
     return fp16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi);
+}
+
+/* Its inverse: two 16-bit values of the dtype, unpacked to fp32 (lo, hi). */
+static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
+{
+    if (fp16)
+        return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
+                           __half2float(__ushort_as_half((unsigned short)(u >> 16))));
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
 /* 2^x on the special-function unit, one instruction (exp2f adds range fix-ups we do not

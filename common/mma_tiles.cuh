@@ -110,13 +110,4 @@ static __device__ __forceinline__ void store_rows(void *x, int off, int r0, int 
     }
 }
 
-/* Two 16-bit values of the dtype, unpacked to fp32 (lo, hi). */
-static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
-{
-    if (fp16)
-        return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
-                           __half2float(__ushort_as_half((unsigned short)(u >> 16))));
-    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-}
-
 #endif

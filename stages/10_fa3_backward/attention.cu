@@ -712,22 +712,6 @@ static attention_fn pick_forward(const attn_problem *p)
     return k[row][p->dtype == ATTN_FP16];
 }
 
-/* The generic address of a shared-memory address (smem_u32's inverse). */
-static __device__ __forceinline__ unsigned char *smem_ptr(uint32_t addr)
-{
-    extern __shared__ __align__(1024) unsigned char smem[];
-    return smem + (addr - smem_u32(smem));
-}
-
-/* Two 16-bit values of the dtype, unpacked to fp32 (lo, hi). */
-static __device__ __forceinline__ float2 unpack_x2(uint32_t u, int fp16)
-{
-    if (fp16)
-        return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
-                           __half2float(__ushort_as_half((unsigned short)(u >> 16))));
-    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-}
-
 /* ---- Backward (FA-3 Algorithm 3) ------------------------------------------------------------ */
 
 /* One block per key tile of BWD_Bc keys of a kv head (K/V outer, as stage 6's backward): the
@@ -798,7 +782,7 @@ static __device__ __forceinline__ bwd_smem bwd_layout(int d, int wr)
 /* The backward's workspace: L in base 2 (+inf for a row that sees no key and for the rows past
  * N_q up to a whole query tile) and D = rowsum(dO ∘ O), fp32 [B, H, Nq_pad] each, Nq_pad = N_q
  * rounded up to a query tile (so that every step's L_i, D_i is one aligned bulk copy); then the
- * fp32 dQ accumulator, [B, H, Nq_pad, d] in the consumers' fragment order (bwd_dq_slot); then
+ * fp32 dQ accumulator, [B, H, Nq_pad, d] in the consumers' fragment order (below); then
  * (--deterministic) a semaphore per query tile, an int [B, H, Nq_pad / Br]. */
 static size_t bwd_rows(const attn_problem *p) { return (size_t)attn_ceil_div(p->N_q, BWD_Br(p->d)) * BWD_Br(p->d); }
 static size_t bwd_ld_bytes(const attn_problem *p) { return (size_t)p->B * p->H * bwd_rows(p) * sizeof(float); }
@@ -810,9 +794,9 @@ static size_t bwd_workspace(const attn_problem *p)
 /* TRACE=1: the timeline's stamps follow those parts, 256-byte aligned. */
 static size_t bwd_trace_at(const attn_problem *p) { return (bwd_workspace(p) + 255) / 256 * 256; }
 
-/* Where element (row r, column col) of query tile `tile` (of br rows) lives in the dQ
- * accumulator: each consumer computes a 64 x 64 part of the tile (the columns 64c .. at
- * d = 128, the rows 64c .. at d = 64), and its thread t holds that part's accumulators as any
+/* The dQ accumulator's layout, a query tile (of br rows) after the other: each consumer
+ * computes a 64 x 64 part of the tile (the columns 64c .. at d = 128, the rows 64c .. at
+ * d = 64), the part c after part c - 1, and its thread t holds that part's accumulators as any
  * wgmma's (dq[n][e]: row 16 warp + lane/4 + 8 (e/2), column 8n + 2 (lane%4) + e%2); the four
  * values dq[n][0..3] of thread t sit together at 4 (WARPGROUP n + t), so that a thread adds
  * them with one 16-byte atomic and a warp's atomics cover 512 consecutive bytes. */
@@ -1090,7 +1074,7 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     mbar_arrive(sm.o_empty + 8 * st);
 
     /* dQ_i's part, added to the accumulator: a 16-byte red.global.add.f32 per n, a warp's
-     * atomics on 512 consecutive bytes (bwd_dq_slot), or (wr) handed to the writer. Rows past
+     * atomics on 512 consecutive bytes (the accumulator's layout), or (wr) handed to the writer. Rows past
      * N_q add zeros. */
     if (wr) {   /* to the writer, through this consumer's slice (one at a time) */
         float4 *slice = (float4 *)smem_ptr(sm.dQ + c * DQ_SLICE);
