@@ -1431,8 +1431,8 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     mbar_arrive(sm.o_empty + 8 * st);
 
     /* dQ_i's part, added to the accumulator: a 16-byte red.global.add.f32 per n, a warp's
-     * atomics on 512 consecutive bytes (the accumulator's layout), or (wr) handed to the writer with its
-     * turn (bwd_turn, deterministic). Rows past N_q add zeros. */
+     * atomics on 512 consecutive bytes (the accumulator's layout), or (wr) handed to the
+     * writer with its turn (bwd_turn, deterministic). Rows past N_q add zeros. */
     if (wr) {   /* to the writer, through this consumer's slice (one at a time) */
         float4 *slice = (float4 *)smem_ptr(sm.dQ + c * DQ_SLICE);
 #pragma unroll
