@@ -15,8 +15,8 @@
  *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn) and handed
  *   by the consumers to the writer beside their slice; the walks are not rotated.
  * Why: exact attention at a fraction of the work, on the Hopper pipeline rather than mma.sync.
- * Expected: time follows the visible tiles; a window W makes it linear in N. The goal: >= 1.0x
- *   FlexAttention per mask, visible-pair TFLOP/s >= 0.9x 10_fa3_backward's dense rate (unmeasured).
+ * Expected: time follows the visible tiles; a window W makes it linear in N. Goals: >= 1.0x
+ *   FlexAttention per mask (met); visible pairs at >= 0.9x 10_fa3_backward's rate (missed).
  * Memory: as 10_fa3_backward, plus with a block mask the lists in the workspace (an int per
  *   listed tile, at most its key or query range: W-bounded with a window) and, deterministic,
  *   the mask's row prefix sums; 16 bytes more shared memory (entries, a tile's steps).
