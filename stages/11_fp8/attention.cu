@@ -3,21 +3,26 @@
  * Changed from 09_fa3_persistent: Q, K, V are e4m3 bytes, and both products run on the fp8
  * tensor cores (wgmma k32 on e4m3, twice the bf16 rate):
  * - S = Q_i K_jᵀ as before, from 128-column (128-byte) boxes, 32 bytes a k-step.
- * - O += P_ij V_j: fp8 wgmma reads B K-major only, and V_j is [keys][d]. The producer warpgroup's
- *   warps 1-3, idle in 09, transpose V_j in shared memory (ldmatrix.trans, two byte
- *   permutes, stmatrix) into Vt_j [d][keys] while the consumers compute, in the key order in
- *   which a thread's registers hold P_ij (transpose_v8): so P_ij, rounded to e4m3 in registers,
- *   is the A operand as it stands. Barriers full_vt / empty_vt hand Vt_j over.
+ * - O += P_ij V_j: fp8 wgmma reads B K-major only, and V_j is [keys][d]. A small kernel
+ *   transposes V once in HBM (transpose_v_kernel: Vt [d][keys], each 16 keys in the order in
+ *   which a thread's registers hold P_ij), and the producer loads Vt_j by TMA like K_j: so P_ij,
+ *   rounded to e4m3 in registers, is the A operand as it stands. OFF=pretranspose: FA-3's way,
+ *   the producer's warps 1-3 transpose each V_j in shared memory (ldmatrix.trans, two byte
+ *   permutes, stmatrix: transpose_v8) while the consumers compute. full_vt / empty_vt hand
+ *   Vt_j over.
  * - Scales: q_descale k_descale of the (batch, kv head) folded into the softmax scale, v_descale
  *   into 1 / l_i; P_ij = exp2(x - m_i + 8) <= 256 < 448, e4m3's largest (FA-3's offset), O
  *   rescaled at every step: 09's lazy rescaling is off (it leaves a row's largest P_ij rounded).
  * Why: half the bytes of Q, K, V and twice the tensor-core rate; the transpose and the rounding
- *   of P are what it costs. Expected: well above 09 at d = 128 and 256 (FA-3 reports ~1.2
- *   PFLOP/s at d = 256 on an H100); O within e4m3's tolerance (docs/harness.md).
+ *   of P are what it costs. In shared memory the transpose's reads contend with the products'
+ *   and its latency sits on the path to P V; once in HBM it costs a pass over V (~2%).
+ *   Expected: well above 09 at d = 128 and 256 (FA-3 reports ~1.2 PFLOP/s at d = 256 on an
+ *   H100); O within e4m3's tolerance (docs/harness.md).
  * Head dims 128 and 256; d = 64 is refused (its 64-byte rows need another swizzle). bf16 and
  *   fp16 are refused (attn_stage.fp8 = ATTN_FP8_ONLY). Knobs as 09 but ws (the transposer is
- *   the producer; lazy is off): make build/11_fp8 OFF=persistent|tma_store|pingpong|overlap.
- * Memory: L, and an int (the tile counter). Shared memory (smem_bytes): d = 128: two Q_i (2 x 16
+ *   the producer; lazy is off): make build/11_fp8 OFF=persistent|tma_store|pingpong|overlap,
+ *   and OFF=pretranspose.
+ * Memory: L, an int (the tile counter) and Vt (as many bytes as V). Shared memory (smem_bytes): d = 128: two Q_i (2 x 16
  *   KiB), K_j, V_j, Vt_j rings (3 x 2 x 16), O_i (32) = 160 KiB; d = 256: one Q_i (32), the rings
  *   (3 x 2 x 32) = 224 KiB, O_i staged in Vt's ring.
  *
@@ -75,6 +80,12 @@
 #endif
 #ifndef TMA_STORE   /* knob: OFF=tma_store, O stored by the consumers as in 08 */
 #define TMA_STORE 1
+#endif
+/* V transposed once in HBM by a small kernel before the attention kernel (transpose_v_kernel),
+ * which then loads Vt_j by TMA like K_j; OFF=pretranspose: the producer's warps 1-3 transpose
+ * each V_j in shared memory, as FA-3 does (transpose_tile). */
+#ifndef PRETRANSPOSE   /* knob: OFF=pretranspose, V_j transposed in shared memory */
+#define PRETRANSPOSE 1
 #endif
 /* 09's lazy rescaling, off here (-DLAZY=1 brings it back): its reference max lags a row's max
  * by up to 2^8, so the key that holds the max gets a P_ij rounded to e4m3 (rescaled at every
@@ -173,6 +184,17 @@ static __device__ __forceinline__ void load_tile(uint32_t ring, uint32_t full, u
     for (int c = 0; c < d / BOX_ROW; c++)
         tma_load_4d(ring + s * tile_bytes + c * bc * BOX_ROW, map, c * BOX_ROW, j * bc, h_kv, b,
                     full + 8 * s);
+}
+
+/* Vt_j from HBM (PRETRANSPOSE): keys j * bc .. of Vt's d rows for kv head h_kv, one box of d
+ * rows of 128 bytes, into Vt's ring at ring count n, as load_tile. */
+static __device__ __forceinline__ void load_vt(const fa3_smem sm, const CUtensorMap *map, int b,
+                                               int h_kv, int j, int n, int d)
+{
+    const int tile_bytes = Bc(d) * d, s = n % STAGES;
+    mbar_wait(sm.empty_vt + 8 * s, (n / STAGES & 1) ^ 1);
+    mbar_arrive_expect_tx(sm.full_vt + 8 * s, tile_bytes);
+    tma_load_4d(sm.Vt + s * tile_bytes, map, j * Bc(d), 0, h_kv, b, sm.full_vt + 8 * s);
 }
 
 /* Epilogue: a warp puts its accumulators, rounded in pairs, into its own rows of an O_i tile
@@ -656,7 +678,13 @@ static __device__ __forceinline__ void load_tiles(const attn_problem p, const at
                 TRACE_AT(&a, t, j, 0);
                 load_tile(sm.K, sm.full_k, sm.empty_k, tmK, b, h_kv, j, n0 + j, d);
                 TRACE_AT(&a, t, j, 1);
-                load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d);
+                if (PRETRANSPOSE) {
+                    /* d = 256: Vt's ring holds the last tile's O until its store has read it */
+                    if (d == 256 && j == 0 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
+                    load_vt(sm, tmV, b, h_kv, j, n0 + j, d);
+                } else {
+                    load_tile(sm.V, sm.full_v, sm.empty_v, tmV, b, h_kv, j, n0 + j, d);
+                }
                 TRACE_AT(&a, t, j, 2);
             }
         }
@@ -684,9 +712,11 @@ static __device__ __forceinline__ void transpose_tiles(const attn_problem p, int
         tile_of(p, G, u, d, &b, &h, &i0);
         const int end = n + (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
         bar_sync_apart(BAR_PRODUCER, WARPGROUP);   /* this warp has read tile t's post */
-        /* d = 256: Vt's ring holds the last tile's O until its store has read it. */
-        if (d == 256 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
-        for (; n < end; n++) transpose_tile(sm, n, d);
+        if (!PRETRANSPOSE) {   /* else Vt_j arrives by TMA: the warp only reads the posts */
+            /* d = 256: Vt's ring holds the last tile's O until its store has read it. */
+            if (d == 256 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
+            for (; n < end; n++) transpose_tile(sm, n, d);
+        }
         u = counted ? posted_tile(sm, t + 1, d) : n_tiles;
     }
 }
@@ -729,7 +759,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
             mbar_init(sm.full_v + 8 * s, 1);
             mbar_init(sm.empty_k + 8 * s, CONSUMERS(d) * 4);
             mbar_init(sm.empty_v + 8 * s, TRANSPOSERS);
-            mbar_init(sm.full_vt + 8 * s, TRANSPOSERS);
+            mbar_init(sm.full_vt + 8 * s, PRETRANSPOSE ? 1 : TRANSPOSERS);
             mbar_init(sm.empty_vt + 8 * s, CONSUMERS(d) * 4);
         }
         mbar_fence_init();
@@ -763,6 +793,49 @@ typedef void (*attention_fn)(attn_problem, attn_args, int, const __grid_constant
     { tiled_attention(p, a, G, &tmQ, &tmK, &tmV, &tmO, causal, d); }
 KERNEL(attention_128_e4m3, 128, -1)
 KERNEL(attention_256_e4m3, 256, -1)
+
+/* The V transpose in HBM (PRETRANSPOSE), once per call: V [B, N_k, H_kv, d] e4m3 to Vt laid
+ * out [B, d, H_kv, Np] (Np = N_k rounded up to 16; the pad keys are zeros), each 16 keys in the
+ * order of transpose_v8 (key k at 4(k%8/2) + 2(k/8) + k%2 of its 16), in which a consumer's
+ * registers hold P_ij. A block takes 64 keys of one kv head: it reads them 16 bytes a thread,
+ * 64 columns at a time, into shared memory, and writes 16 keys of one column a thread. */
+#define VT_KEYS 64
+static __global__ void __launch_bounds__(256) transpose_v_kernel(attn_problem p, const uint8_t *v,
+                                                                 uint8_t *vt, int Np)
+{
+    __shared__ uint4 tile[VT_KEYS][64 / 16 + 1];   /* 64 keys x 64 columns, rows padded by 16 */
+    const unsigned char *bytes = (const unsigned char *)tile;
+    const int t = threadIdx.x, k0 = blockIdx.x * VT_KEYS, h_kv = blockIdx.y, b = blockIdx.z;
+    for (int c0 = 0; c0 < p.d; c0 += 64) {
+        const int k = k0 + t / 4;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (k < p.N_k)
+            x = *(const uint4 *)(v + (((size_t)b * p.N_k + k) * p.H_kv + h_kv) * p.d + c0 + 16 * (t % 4));
+        tile[t / 4][t % 4] = x;
+        __syncthreads();
+        const int c = t / 4, g = t % 4;   /* column c0 + c, keys 16g .. 16g + 15 */
+        if (k0 + 16 * g < Np) {
+            uint32_t w[4] = { 0, 0, 0, 0 };
+#pragma unroll
+            for (int pos = 0; pos < 16; pos++) {
+                const int key = 16 * g + 8 * (pos / 2 % 2) + 2 * (pos / 4) + pos % 2;
+                w[pos / 4] |= (uint32_t)bytes[key * sizeof tile[0] + c] << 8 * (pos % 4);
+            }
+            *(uint4 *)(vt + (((size_t)b * p.d + c0 + c) * p.H_kv + h_kv) * Np + k0 + 16 * g) =
+                make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        __syncthreads();
+    }
+}
+
+/* Np: Vt's keys a row (PRETRANSPOSE), and the workspace's byte where Vt starts: after the tile
+ * counter or the timeline's stamps. */
+static int vt_keys(const attn_problem *p) { return attn_ceil_div(p->N_k, 16) * 16; }
+static size_t vt_offset(void)
+{
+    const size_t t = trace_workspace();
+    return ((t > sizeof(int) ? t : sizeof(int)) + 255) / 256 * 256;
+}
 
 /* Whether the problem runs on a persistent grid: at d = 128, and at d = 256 without a causal
  * mask (as 09, whose causal d = 256 tiles ran 1-10% slower so). */
@@ -825,9 +898,8 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
  * instrumented build walks tiles in the static order). */
 static size_t workspace(const attn_problem *p, attn_dir dir)
 {
-    (void)p; (void)dir;
-    const size_t t = trace_workspace();
-    return t > sizeof(int) ? t : sizeof(int);
+    (void)dir;
+    return vt_offset() + (PRETRANSPOSE ? (size_t)p->B * p->d * p->H_kv * vt_keys(p) : 0);
 }
 
 static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream_t s)
@@ -839,7 +911,9 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     CUtensorMap tmQ, tmK, tmV, tmO;
     if (hopper_tensor_map_8bit(&tmQ, a->q, p->d, p->N_q, p->H, p->B, Br(p->d)) ||
         hopper_tensor_map_8bit(&tmK, a->k, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
-        hopper_tensor_map_8bit(&tmV, a->v, p->d, p->N_k, p->H_kv, p->B, Bc(p->d)) ||
+        (PRETRANSPOSE ? hopper_tensor_map_8bit(&tmV, (char *)a->ws + vt_offset(), vt_keys(p), p->d,
+                                               p->H_kv, p->B, p->d)   /* Vt [B, d, H_kv, Np] */
+                      : hopper_tensor_map_8bit(&tmV, a->v, p->d, p->N_k, p->H_kv, p->B, Bc(p->d))) ||
         hopper_tensor_map(&tmO, a->o, ATTN_BF16, p->d, p->N_q, p->H, p->B, WG_ROWS))
         return cudaErrorInvalidValue;
     /* Above 48 KiB of dynamic shared memory a kernel has to opt in. */
@@ -858,6 +932,11 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
     if (grid.x < (unsigned)n_tiles)   /* blocks take their tiles after the first from a counter */
         ATTN_TRY(cudaMemsetAsync(a->ws, 0, sizeof(int), s));
 #endif
+    if (PRETRANSPOSE) {
+        transpose_v_kernel<<<dim3(attn_ceil_div(vt_keys(p), VT_KEYS), p->H_kv, p->B), 256, 0, s>>>(
+            *p, (const uint8_t *)a->v, (uint8_t *)a->ws + vt_offset(), vt_keys(p));
+        ATTN_LAUNCH_CHECK();
+    }
     kernel<<<grid, THREADS(p->d), smem, s>>>(*p, *a, G, tmQ, tmK, tmV, tmO);
     ATTN_LAUNCH_CHECK();
     return trace_write("11_fp8", a->ws, s);
