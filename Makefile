@@ -18,7 +18,7 @@
 #                         plots/plots.sh. make bench PART=sweep|long|masks|hopper: that part
 #                         alone, its CSV replaced whole
 #   make bytes            plots/bytes.sh: Nsight Compute's DRAM bytes per stage (GPU)
-#   make ablation         plots/ablation.sh: stages 8 and 9 with each of their ideas built out
+#   make ablation         plots/ablation.sh: stages 8 to 11 with each of their ideas built out
 #                         (build/ablation/), checked and timed (GPU)
 #   make profile STAGE=n [ARGS="..."]   plots/profile.sh: Nsight Compute's time, DRAM bytes,
 #                         occupancy, tensor pipe and stall reasons of stage n, one table (GPU)

@@ -12,6 +12,8 @@
 #   10_fa3_backward    its backward (--backward): dq_atomics (a writer warp adds dQ by bulk
 #                      reduce), and +deterministic: not a build but the stage run with
 #                      --deterministic (an idea named +flag is the run-time flag --flag)
+#   11_fp8             its e4m3 forward (--dtype e4m3): pretranspose (V_j transposed in shared
+#                      memory by the producer, as FA-3, instead of once in HBM)
 # Every build is checked against the float64 oracle first (three odd shapes, one per d); a
 # build that fails its check is not timed. Then, shape by shape, the stage as it is and its
 # builds run back to back (so that the columns of a row share the GPU's clock), at the sweep's
@@ -30,11 +32,13 @@ cd "$(dirname "$0")/.." || exit 2
 
 ABLATIONS="08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy
-10_fa3_backward:dq_atomics 10_fa3_backward:+deterministic"
+10_fa3_backward:dq_atomics 10_fa3_backward:+deterministic
+11_fp8:pretranspose"
 # per shape, each stage as it is ("stage:") and then its builds
 ORDER="08_fa3: 08_fa3:ws 08_fa3:pingpong 08_fa3:overlap
 09_fa3_persistent: 09_fa3_persistent:persistent 09_fa3_persistent:tma_store 09_fa3_persistent:lazy
-10_fa3_backward: 10_fa3_backward:dq_atomics 10_fa3_backward:+deterministic"
+10_fa3_backward: 10_fa3_backward:dq_atomics 10_fa3_backward:+deterministic
+11_fp8: 11_fp8:pretranspose"
 # the shapes, d:causal:N: where ping-pong pays and where it does not
 SHAPES="128:0:2048 128:1:2048 128:0:8192 128:1:8192 64:0:8192 64:1:8192 256:0:8192 256:1:8192"
 TOKENS=16384        # the papers' protocol: B * N = 16384 tokens ...
@@ -65,10 +69,11 @@ for p in $pids; do wait "$p" || fail=1; done
 [ $fail = 0 ] || { cat "$WORK"/build-*.log >&2; echo "ablation: a build failed" >&2; exit 2; }
 
 # program STAGE [IDEA]: the path of the stage's build (the stage's own for a run-time flag);
-# run_args STAGE [IDEA]: the flags it runs with (the backward's stage: --backward; +flag: --flag)
+# run_args STAGE [IDEA]: the flags it runs with (the backward's stage: --backward; the fp8 stage:
+# --dtype e4m3; +flag: --flag)
 program() { case ${2:-} in ""|+*) echo "$BUILD_DIR/$1" ;; *) echo "$BUILD_DIR/ablation/$1-$2/$1" ;; esac; }
 run_args() {
-    case $1 in *_backward) printf ' --backward' ;; esac
+    case $1 in *_backward) printf ' --backward' ;; *_fp8) printf ' --dtype e4m3' ;; esac
     case ${2:-} in +*) printf ' --%s' "${2#+}" ;; esac
 }
 

@@ -211,7 +211,7 @@ table() {
                         }
                         print line " |"
                     }
-                    printf "\n*TFLOP/s of %s as it is and with one idea built out (`make build/%s OFF=...`; in brackets: over the stage as it is), %s, bf16, B = 16384/N, H = 2048/d; the builds of a shape run back to back.*\n\n*%s*\n", s, s, s ~ /_backward$/ ? "backward" : "forward", src
+                    printf "\n*TFLOP/s of %s as it is and with one idea built out (`make build/%s OFF=...`; in brackets: over the stage as it is), %s, %s, B = 16384/N, H = 2048/d; the builds of a shape run back to back.*\n\n*%s*\n", s, s, s ~ /_backward$/ ? "backward" : "forward", s ~ /_fp8$/ ? "e4m3 Q, K, V" : "bf16", src
                 }' "$csv" ;;
         rmse\ *)
             # gpu,stage,d,N,inputs,hadamard,rmse,rms_o,check,status

@@ -15,7 +15,7 @@
  *   rescaled at every step: 09's lazy rescaling is off (it leaves a row's largest P_ij rounded).
  * Why: half the bytes of Q, K, V and twice the tensor-core rate; the transpose and the rounding
  *   of P are what it costs. In shared memory the transpose's reads contend with the products'
- *   and its latency sits on the path to P V; once in HBM it costs a pass over V (~2%).
+ *   and its latency sits on the path to P V; once in HBM it costs a pass over V (~1-2%).
  *   Expected: well above 09 at d = 128 and 256 (FA-3 reports ~1.2 PFLOP/s at d = 256 on an
  *   H100); O within e4m3's tolerance (docs/harness.md).
  * Head dims 128 and 256; d = 64 is refused (its 64-byte rows need another swizzle). bf16 and
@@ -944,7 +944,7 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
 
 ATTN_EXPORT const attn_stage stage_11_fp8 = {
     "11_fp8",
-    "FlashAttention-3's fp8 forward: e4m3 products, V transposed in shared memory by the producer",
+    "FlashAttention-3's fp8 forward: e4m3 products, V transposed for them once in HBM (in shared memory: OFF=pretranspose)",
     "head dim 128 or 256; e4m3 in, bf16 out; any N; causal; GQA; forward only; compute capability 9.0 only",
     90,
     check,
