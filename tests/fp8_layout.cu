@@ -12,12 +12,15 @@
  *   5. the byte order of cvt.rn.satfinite.e4m3x2.f32 (e4m3x2(x0, x1): x0 in the low byte);
  *   6. transpose_v8 alone at d = 256 (two boxes of V_j), Vt_j read back byte for byte: key k of
  *      column c at row c, position 16(k/16) + 4(k%8/2) + 2(k%16/8) + k%2 (when 4 fails and this
- *      holds, the A fragment is what differs).
+ *      holds, the A fragment is what differs);
+ *   7. transpose_v_kernel, the stage's pass over V in HBM, at d = 256 with two kv heads and N_k
+ *      not a multiple of 16: Vt [B, d, H_kv, Np] in the same key order, the pad keys zero.
  * Prints one line a part; exits 0 when all hold, 1 otherwise (the part that fails names the
  * assumption), 2 without a compute capability 9.0 GPU. Run by the GPU tests (tests/test_gpu.c:
  * fp8_layouts_hold). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "../stages/11_fp8/attention.cu"
 
 #define NK 128   /* keys: Bc */
@@ -205,5 +208,30 @@ int main(void)
             printf("  Vt[%d][%d] = %d, want V[%d][%d] = %d\n", c, key_position(k), vt[c * NK + key_position(k)], k, c,
                    hv2[k * D2 + c]);
     printf("fp8_layout: Vt at d = %d (transpose_v8, key order): %s\n", D2, bad_t ? "MISMATCH" : "ok");
-    return bad || bad_o || cvt != 0x4038 || bad_t;
+
+    /* 7: the pass in HBM */
+    attn_problem p3;
+    memset(&p3, 0, sizeof p3);
+    p3.B = 1; p3.H = p3.H_kv = 2; p3.N_q = p3.N_k = 201; p3.d = D2;
+    const int np = vt_keys(&p3);
+    static unsigned char hv3[201 * 2 * D2], hvt3[D2 * 2 * 208];
+    for (size_t i = 0; i < sizeof hv3; i++) hv3[i] = (unsigned char)(rand() % 255 + 1);   /* no zeros */
+    unsigned char *dv3, *dvt3;
+    cudaMalloc(&dv3, sizeof hv3); cudaMalloc(&dvt3, sizeof hvt3);
+    cudaMemcpy(dv3, hv3, sizeof hv3, cudaMemcpyHostToDevice);
+    cudaMemset(dvt3, 0xff, sizeof hvt3);   /* poisoned: every byte must be written */
+    transpose_v_kernel<<<dim3(attn_ceil_div(np, VT_KEYS), p3.H_kv, p3.B), 256>>>(p3, dv3, dvt3, np);
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess || np != 208) { printf("fp8_layout: %s, Np %d\n", cudaGetErrorString(e), np); return 1; }
+    cudaMemcpy(hvt3, dvt3, sizeof hvt3, cudaMemcpyDeviceToHost);
+    int bad_h = 0;
+    for (int c = 0; c < D2; c++) for (int h = 0; h < 2; h++) for (int k = 0; k < np; k++) {
+        const unsigned char got = hvt3[((size_t)c * 2 + h) * np + key_position(k)];
+        const unsigned char want = k < 201 ? hv3[((size_t)k * 2 + h) * D2 + c] : 0;
+        if (got != want && bad_h++ < 8)
+            printf("  Vt[%d][%d][%d] = %d, want %d (key %d)\n", c, h, key_position(k), got, want, k);
+    }
+    printf("fp8_layout: Vt in HBM (transpose_v_kernel, N_k = 201, key order, zero pad): %s\n",
+           bad_h ? "MISMATCH" : "ok");
+    return bad || bad_o || cvt != 0x4038 || bad_t || bad_h;
 }
