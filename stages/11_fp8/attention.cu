@@ -19,12 +19,12 @@
  *   Expected: well above 09 at d = 128 and 256 (FA-3 reports ~1.2 PFLOP/s at d = 256 on an
  *   H100); O within e4m3's tolerance (docs/harness.md).
  * Head dims 128 and 256; d = 64 is refused (its 64-byte rows need another swizzle). bf16 and
- *   fp16 are refused (attn_stage.fp8 = ATTN_FP8_ONLY). Knobs as 09 but ws (the transposer is
- *   the producer; lazy is off): make build/11_fp8 OFF=persistent|tma_store|pingpong|overlap,
- *   and OFF=pretranspose.
- * Memory: L, an int (the tile counter) and Vt (as many bytes as V). Shared memory (smem_bytes): d = 128: two Q_i (2 x 16
- *   KiB), K_j, V_j, Vt_j rings (3 x 2 x 16), O_i (32) = 160 KiB; d = 256: one Q_i (32), the rings
- *   (3 x 2 x 32) = 224 KiB, O_i staged in Vt's ring.
+ *   fp16 are refused (attn_stage.fp8 = ATTN_FP8_ONLY). Knobs as 09 but ws and lazy, and
+ *   pretranspose: make build/11_fp8 OFF=persistent|tma_store|pingpong|overlap|pretranspose.
+ * Memory: L, an int (the tile counter) and Vt (as many bytes as V). Shared memory (smem_bytes):
+ *   d = 128: two Q_i (2 x 16 KiB), K_j, V_j, Vt_j rings (3 x 2 x 16), O_i (32) = 160 KiB;
+ *   d = 256: one Q_i (32), the rings (3 x 2 x 32) = 224 KiB, O_i staged in Vt's ring. V_j's
+ *   ring is used by OFF=pretranspose only.
  *
  * Run: make build/11_fp8 && build/11_fp8 --dtype e4m3 --seqlen 8192 --dim 128 --check --bench
  *      build/11_fp8 --dtype e4m3 --seqlen 8192 --dim 256 --causal --inputs outliers --hadamard --check
