@@ -194,6 +194,15 @@ table() {
                         printf "*No measurements of %s in this file yet (`make ablation` on an H100 or H200 adds them).*\n\n*%s*\n", s, src
                         exit
                     }
+                    # a shape every build refuses (a head dim the stage does not take) gets no column
+                    nk = 0; gone = ""
+                    for (i = 1; i <= ns; i++) {
+                        r = 1; for (o = 1; o <= no; o++) if (t[off[o], shp[i]] != "refused") r = 0
+                        split(shp[i], x, SUBSEP)
+                        if (!r) kept[++nk] = shp[i]
+                        else if (index(gone, "d = " x[1]) == 0) gone = gone (gone == "" ? "" : ", ") "d = " x[1]
+                    }
+                    ns = nk; for (i = 1; i <= ns; i++) shp[i] = kept[i]
                     head = "| build"; rule = "|---"
                     for (i = 1; i <= ns; i++) {
                         split(shp[i], x, SUBSEP)
@@ -211,7 +220,7 @@ table() {
                         }
                         print line " |"
                     }
-                    printf "\n*TFLOP/s of %s as it is and with one idea built out (`make build/%s OFF=...`; in brackets: over the stage as it is), %s, %s, B = 16384/N, H = 2048/d; the builds of a shape run back to back.*\n\n*%s*\n", s, s, s ~ /_backward$/ ? "backward" : "forward", s ~ /_fp8$/ ? "e4m3 Q, K, V" : "bf16", src
+                    printf "\n*TFLOP/s of %s as it is and with one idea built out (`make build/%s OFF=...`; in brackets: over the stage as it is), %s, %s, B = 16384/N, H = 2048/d; the builds of a shape run back to back%s.*\n\n*%s*\n", s, s, s ~ /_backward$/ ? "backward" : "forward", s ~ /_fp8$/ ? "e4m3 Q, K, V" : "bf16", gone == "" ? "" : "; " gone ": refused by the stage", src
                 }' "$csv" ;;
         rmse\ *)
             # gpu,stage,d,N,inputs,hadamard,rmse,rms_o,check,status
