@@ -7,7 +7,8 @@
  *   them once a call, a warp per tile packing the visible tiles by ballot.
  * - Forward: the producer walks the list and puts each entry beside K_j in shared memory; a
  *   consumer runs the masked step copy only where its rows are cut (step_mask: the band's edges,
- *   N_k, or at d = 64 and 256 a block-mask tile split by a query or key tile). The walking grid
+ *   N_k, a block-mask tile split by a query or key tile), told by the range or the list's count
+ *   of leading full entries, else by the entry. The walking grid
  *   takes an L2 section's tiles longest list first (sort_tiles). An empty list runs one fully
  *   masked step: O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
@@ -19,7 +20,7 @@
  *   FlexAttention per mask (met); visible pairs at >= 0.9x 10_fa3_backward's rate (missed).
  * Memory: as 10_fa3_backward, plus with a block mask the lists in the workspace (an int per
  *   listed tile, at most its key or query range: W-bounded with a window) and, deterministic,
- *   the mask's row prefix sums; 16 bytes more shared memory (entries, a tile's steps).
+ *   the mask's row prefix sums; 24 bytes more shared memory (entries, a tile's steps).
  *
  * Run: make build/13_hopper_masks && build/13_hopper_masks --seqlen 8192 --dim 128 --backward \
  *      --mask random:0.25 --check --bench   (or --causal --window 4096; --block-mask F.npy)
@@ -87,8 +88,8 @@
 /* Dynamic shared memory, 16-bit tiles of 64-column boxes (hopper.cuh): Q_BUFS x Q_i [Br][d];
  * STAGES x K_j [Bc][d]; STAGES x V_j [Bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its
  * store: o_place); then the mbarriers: Q's full and empty ones (two of each), O's (its store
- * has read V's ring), and full K, full V, empty K, empty V, STAGES of each; then four ints, the
- * posted query tile and its steps (two of each), and STAGES ints, the list entry of the K_j in
+ * has read V's ring), and full K, full V, empty K, empty V, STAGES of each; then six ints, the
+ * posted query tile, its steps and full steps (two of each), and STAGES ints, the list entry of the K_j in
  * each stage of K's ring. */
 typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot, entry; } fa3_smem;
 
@@ -99,7 +100,7 @@ typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, em
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
 {
     return (size_t)((Q_BUFS(d) + (d == 64)) * Br(d) + STAGES * 2 * Bc(d)) * d * 2
-           + (5 + 4 * STAGES) * sizeof(uint64_t) + (4 + STAGES) * sizeof(int);
+           + (5 + 4 * STAGES) * sizeof(uint64_t) + (6 + STAGES) * sizeof(int);
 }
 
 static __device__ __forceinline__ fa3_smem smem_layout(int d)
@@ -118,8 +119,8 @@ static __device__ __forceinline__ fa3_smem smem_layout(int d)
     m.full_v = m.full_k + 8 * STAGES;
     m.empty_k = m.full_v + 8 * STAGES;
     m.empty_v = m.empty_k + 8 * STAGES;
-    m.slot = m.empty_v + 8 * STAGES;   /* [4]: the posted query tile, its steps: by parity */
-    m.entry = m.slot + 16;             /* [STAGES]: K_j's list entry, by stage */
+    m.slot = m.empty_v + 8 * STAGES;   /* [6]: the posted query tile, its steps, full steps: by parity */
+    m.entry = m.slot + 24;             /* [STAGES]: K_j's list entry, by stage */
     return m;
 }
 
@@ -198,22 +199,24 @@ static __device__ __forceinline__ const unsigned char *mask_row(const attn_probl
 }
 
 /* The forward's tile lists, built once a call with a block mask (build_lists): query tile uc =
- * (b H + h) n_i + it has count[uc] entries at entry + uc cap, in key order; order holds the
- * query tiles in a walking grid's order (sort_tiles: by section, longest list first). Without a block
- * mask entry is NULL and a tile's list is key_tiles' range, every entry ENTRY_ALL. */
-typedef struct { const int *entry, *count, *order; int cap; } tile_lists;
+ * (b H + h) n_i + it has count[uc] entries at entry + uc cap, in key order, of which the first
+ * full[uc] need no mask; order holds the query tiles in a walking grid's order (sort_tiles: by
+ * section, longest list first). Without a block mask entry is NULL and a tile's list is
+ * key_tiles' range, every entry ENTRY_ALL. */
+typedef struct { const int *entry, *count, *full, *order; int cap; } tile_lists;
 
-/* Query tile uc's list: its steps (the list's length, or 1 for an empty list) and the one value
+/* Query tile uc's list: its steps (the list's length, or 1 for an empty list), the one value
  * list_entry reads it with, base: the stored list at entry + base, or the range's tiles from
  * base; -1 for an empty list, whose one step has entry 0. One value, so that the producer thread
- * keeps within its 24 registers. */
+ * keeps within its 24 registers. And n_full: a stored list's leading steps that need no mask. */
 static __device__ __forceinline__ int tile_list(const attn_problem p, const tile_lists tl, int uc,
-                                                int i0, int d, int *base)
+                                                int i0, int d, int *base, int *n_full)
 {
     int jt_lo, jt_hi;
     key_tiles(p, i0, Br(d), Bc(d), &jt_lo, &jt_hi);
     const int n = tl.entry ? __ldg(tl.count + uc) : jt_hi - jt_lo;
     *base = n == 0 ? -1 : tl.entry ? uc * tl.cap : jt_lo;
+    *n_full = tl.entry ? __ldg(tl.full + uc) : 0;
     return max(n, 1);
 }
 
@@ -380,7 +383,7 @@ typedef struct {
     const CUtensorMap *tmK, *tmV;
     band w;              /* causal and the window (diagonal_band) */
     tile_lists tl;       /* the lists, and this tile's (tile_list) */
-    int base;
+    int base, n_full;
     int cw, b, h_kv, Tc, row0, row, loader, pingpong;
     uint64_t dQ, dK, dV;   /* wgmma descriptors of Q (this consumer's rows), K and V stage 0 */
     int t, n0;   /* the block's t-th query tile; the rings' count at its K_0, V_0 */
@@ -581,21 +584,27 @@ static __device__ __forceinline__ void pass_step(const consumer *c, int j, const
     if (j > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * ((n - 1) % STAGES));
 }
 
-/* Step j's list entry, read once K_j has landed (the producer put it in the stage's slot before
- * arming K_j's barrier), and while K_j's stage is held; 1 iff the step needs the mask: some key
- * of the tile hidden by the block mask (entry_keys), past N_k or outside the band for some row
- * of the warpgroup. The masked step reads the entry again: its keys would take registers
- * across the step's products. */
+/* 1 iff step j needs the mask: some key of its tile hidden by the block mask (entry_keys), past
+ * N_k or outside the band for some row of the warpgroup. Where the list tells without its entry,
+ * the step does not wait for it (a wait, a read and a shuffle at every step cost the dense run
+ * ~5%): a range's tile is base + j; a stored list's first n_full entries need no mask. Else the
+ * entry, read once K_j has landed (the producer put it in the stage's slot before arming K_j's
+ * barrier), while K_j's stage is held. The masked step reads the entry again: its keys would
+ * take registers across the step's products. */
 static __device__ __forceinline__ int step_mask(const consumer *c, int j, const int d)
 {
     const fa3_smem sm = smem_layout(d);
     const attn_problem p = *c->p;
-    const int n = c->n0 + j, bc = Bc(d);
+    const int n = c->n0 + j, bc = Bc(d), r1 = min(c->row0 + WG_ROWS, p.N_q) - 1;
+    if (j < c->n_full) return 0;   /* a stored list's leading full entries (build_lists) */
+    if (!c->tl.entry) {   /* a range: tile base + j, every key; an empty range's one step */
+        const int k0 = (c->base + j) * bc;
+        return c->base < 0 || band_cuts(p, c->w, c->row0, r1, k0, k0 + bc);
+    }
     mbar_wait(sm.full_k + 8 * (n % STAGES), n / STAGES & 1);
     int key0, k_lo, k_hi;
     entry_keys(c, n % STAGES, d, &key0, &k_lo, &k_hi);
-    return k_lo > key0 || k_hi < key0 + bc ||
-           band_cuts(p, c->w, c->row0, min(c->row0 + WG_ROWS, p.N_q) - 1, key0, key0 + bc);
+    return k_lo > key0 || k_hi < key0 + bc || band_cuts(p, c->w, c->row0, r1, key0, key0 + bc);
 }
 
 /* The query tile a block of a persistent grid takes after tile u: from the counter at the start
@@ -612,15 +621,18 @@ static __device__ __forceinline__ int next_tile_of(const attn_args a, int u)
 }
 
 /* The producer posts the block's t-th query tile (its index, tile_index; n_tiles: none left) in
- * slot[t & 1], and its steps in slot[2 + (t & 1)], before it arms Q's barrier for it; a consumer
+ * slot[t & 1], its steps in slot[2 + (t & 1)] and its full steps (tile_list) in slot[4 + (t & 1)],
+ * before it arms Q's barrier for it; a consumer
  * reads them once that phase is complete (so that it need not read the order and the list's
  * length itself, two global loads one after the other). Q_i's buffers are a ring of Q_BUFS
  * stages: tile t's is t % Q_BUFS, its barriers' parity t / Q_BUFS & 1. */
-static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int v, int steps)
+static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int v, int steps,
+                                                 int n_full)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     ((volatile int *)(smem + (sm.slot - sm.Q)))[t & 1] = v;
     ((volatile int *)(smem + (sm.slot - sm.Q)))[2 + (t & 1)] = steps;
+    ((volatile int *)(smem + (sm.slot - sm.Q)))[4 + (t & 1)] = n_full;
 }
 
 static __device__ __forceinline__ int posted_tile(const fa3_smem sm, int t, const int d)
@@ -634,6 +646,12 @@ static __device__ __forceinline__ int posted_steps(const fa3_smem sm, int t)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     return ((volatile int *)(smem + (sm.slot - sm.Q)))[2 + (t & 1)];
+}
+
+static __device__ __forceinline__ int posted_full(const fa3_smem sm, int t)
+{
+    extern __shared__ __align__(1024) unsigned char smem[];
+    return ((volatile int *)(smem + (sm.slot - sm.Q)))[4 + (t & 1)];
 }
 
 /* A consumer warpgroup: rows cw * 64 .. of each of the block's query tiles (its one, or those
@@ -681,12 +699,14 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         if (d != 256) c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d * 2);
         int h, i0;
         c.base = 0;
-        if (counted) {   /* u: the tile's index, posted with its steps */
+        if (counted) {   /* u: the tile's index, posted with its steps (a range's base: computed) */
             tile_by_index(p, u, d, &c.b, &h, &i0);
             c.Tc = posted_steps(sm, c.t);
+            c.n_full = posted_full(sm, c.t);
+            if (!tl.entry) tile_list(p, tl, u, i0, d, &c.base, &c.n_full);
         } else {
             tile_of(p, G, u, d, walk, tl.order, &c.b, &h, &i0);
-            c.Tc = tile_list(p, tl, tile_index(p, c.b, h, i0, d), i0, d, &c.base);
+            c.Tc = tile_list(p, tl, tile_index(p, c.b, h, i0, d), i0, d, &c.base, &c.n_full);
         }
         c.h_kv = h / (p.H / p.H_kv);
         c.row0 = i0 + cw * WG_ROWS;
@@ -838,13 +858,14 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
                 int b, h, i0, base;
                 tile_of(p, G, u, d, walk, tl.order, &b, &h, &i0);
                 const int h_kv = h / (p.H / p.H_kv), v = tile_index(p, b, h, i0, d);
-                const int Tc = tile_list(p, tl, v, i0, d, &base);
+                int n_full;
+                const int Tc = tile_list(p, tl, v, i0, d, &base, &n_full);
                 /* Q_i once the consumers' S products of the tile before that used its buffer
                  * are complete: the last tile (one buffer), or the one before it (two). */
                 const int qs = t % Q_BUFS(d);
                 const uint32_t Qt = sm.Q + qs * Br(d) * d * 2, full_q = sm.bar_q + 8 * qs;
                 mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
-                if (counted) post_tile(sm, t, v, Tc);
+                if (counted) post_tile(sm, t, v, Tc, n_full);
                 mbar_arrive_expect_tx(full_q, Br(d) * d * 2);
                 for (int c = 0; c < d / BOX_COLS; c++)
                     tma_load_4d(Qt + c * Br(d) * BOX_ROW, tmQ, c * BOX_COLS, i0, h, b, full_q);
@@ -866,7 +887,7 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
             if (counted) {   /* no tile left: the consumers wake on Q's barrier to read so */
                 const int qs = t % Q_BUFS(d);
                 mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
-                post_tile(sm, t, n_tiles, 0);
+                post_tile(sm, t, n_tiles, 0, 0);
                 mbar_arrive(sm.bar_q + 8 * qs);
             }
         }
@@ -933,18 +954,18 @@ static attention_fn pick_forward(const attn_problem *p)
  * The listed lanes' entries are packed by a ballot, as 12_block_sparse packs its bitmaps. */
 static __global__ void __launch_bounds__(LIST_THREADS) build_lists(attn_problem p, attn_args a,
                                                                    band w, int *entry,
-                                                                   int *count, int cap)
+                                                                   int *count, int *full, int cap)
 {
     const int d = p.d, bc = Bc(d), lane = threadIdx.x % WARP;
     const int uc = (int)((blockIdx.x * LIST_THREADS + threadIdx.x) / WARP);
     const int n_i = (p.N_q + Br(d) - 1) / Br(d);
     if (uc >= n_i * p.H * p.B) return;   /* a whole warp */
     const int i0 = uc % n_i * Br(d), h = uc / n_i % p.H, b = uc / n_i / p.H;
-    int jt_lo, jt_hi, n = 0;
+    int jt_lo, jt_hi, n = 0, n_full = 0;
     key_tiles(p, i0, Br(d), bc, &jt_lo, &jt_hi);
     for (int base = jt_lo; base < jt_hi; base += WARP) {
         const int jt = base + lane, j0 = jt * bc, j1 = min(j0 + bc, p.N_k);
-        int e = jt, seen = 0;
+        int e = jt, seen = 0, cut = 0;
         for (int c = 0; c < CONSUMERS(d) && jt < jt_hi && i0 + c * WG_ROWS < p.N_q; c++) {
             const int r0 = i0 + c * WG_ROWS, r1 = min(r0 + WG_ROWS, p.N_q) - 1;
             const unsigned char *row = mask_row(p, a, b, h, r0 / MASK_TILE);
@@ -952,12 +973,15 @@ static __global__ void __launch_bounds__(LIST_THREADS) build_lists(attn_problem 
             const int mid = min(j1, (j0 / MASK_TILE + 1) * MASK_TILE);   /* as step_mask */
             e |= (b0 | b1 << 1) << (ENTRY_BITS + 2 * c);
             seen |= band_sees(w, r0, r1, b0 ? j0 : mid, b1 ? j1 : mid);
+            cut |= !b0 || !b1 || band_cuts(p, w, r0, r1, j0, j0 + bc);   /* as step_mask */
         }
-        const uint32_t on = __ballot_sync(0xffffffffu, seen);
+        const uint32_t on = __ballot_sync(0xffffffffu, seen), part = __ballot_sync(0xffffffffu, seen && cut);
         if (seen) entry[(size_t)uc * cap + n + __popc(on & ((1u << lane) - 1))] = e;
+        if (n_full == n)   /* no entry that needs the mask yet: count those before the first */
+            n_full += __popc(part ? on & ((part & (0u - part)) - 1) : on);
         n += __popc(on);
     }
-    if (lane == 0) count[uc] = n;
+    if (lane == 0) { count[uc] = n; full[uc] = n_full; }
 }
 
 /* The bucket of query tile u in the walking grid's order with a block mask: the sections of G
@@ -1094,7 +1118,7 @@ static size_t bwd_workspace(const attn_problem *p)
 static size_t bwd_trace_at(const attn_problem *p) { return (bwd_workspace(p) + 255) / 256 * 256; }
 
 /* With a block mask the lists follow the rest of the workspace (and the timeline's stamps),
- * 256-byte aligned. Forward: order and count [n_tiles], then the entries [n_tiles][cap];
+ * 256-byte aligned. Forward: order, count and full [n_tiles], then the entries [n_tiles][cap];
  * backward: count [blocks], the entries [blocks][cap], then (--deterministic) the mask's
  * prefix sums. cap: the longest list a tile can have, all of its range; with a window the
  * range spans at most the tile and the window on either side. */
@@ -1121,7 +1145,7 @@ static size_t fwd_lists_at(void)
 }
 static size_t fwd_list_bytes(const attn_problem *p)
 {
-    return p->block_mask ? fwd_tiles(p) * (2 + (size_t)fwd_cap(p)) * sizeof(int) : 0;
+    return p->block_mask ? fwd_tiles(p) * (3 + (size_t)fwd_cap(p)) * sizeof(int) : 0;
 }
 static size_t bwd_lists_at(const attn_problem *p)
 {
@@ -1807,14 +1831,15 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
         ATTN_TRY(cudaMemsetAsync(a->ws, 0, sizeof(int), s));
 #endif
     /* A block mask's lists, and (a 1-D grid) its order of the query tiles, longest first. */
-    tile_lists tl = { NULL, NULL, NULL, 0 };
+    tile_lists tl = { NULL, NULL, NULL, NULL, 0 };
     if (p->block_mask) {
         int *l = (int *)((char *)a->ws + fwd_lists_at());
         tl.count = l + n_tiles;
-        tl.entry = l + 2 * (size_t)n_tiles;
+        tl.full = l + 2 * (size_t)n_tiles;
+        tl.entry = l + 3 * (size_t)n_tiles;
         tl.cap = fwd_cap(p);
         build_lists<<<attn_blocks_for((size_t)n_tiles * WARP, LIST_THREADS), LIST_THREADS, 0, s>>>(
-            *p, *a, diagonal_band(p), l + 2 * (size_t)n_tiles, l + n_tiles, tl.cap);
+            *p, *a, diagonal_band(p), l + 3 * (size_t)n_tiles, l + n_tiles, l + 2 * (size_t)n_tiles, tl.cap);
         ATTN_LAUNCH_CHECK();
         if (walk) {
             sort_tiles<<<1, SORT_THREADS, 0, s>>>(l + n_tiles, l, n_tiles, n_i, G, tl.cap);
