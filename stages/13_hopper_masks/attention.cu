@@ -596,7 +596,7 @@ static __device__ __forceinline__ int step_mask(const consumer *c, int j, const 
     const fa3_smem sm = smem_layout(d);
     const attn_problem p = *c->p;
     const int n = c->n0 + j, bc = Bc(d), r1 = min(c->row0 + WG_ROWS, p.N_q) - 1;
-    if (j < c->n_full) return 0;   /* a stored list's leading full entries (build_lists) */
+    if (d != 256 && j < c->n_full) return 0;   /* a stored list's leading full entries (build_lists) */
     /* A range: tile base + j, every key; an empty range's one step. Not at d = 256, whose
      * consumers (no ping-pong) measured 2-5% slower so than reading the entry. */
     if (!c->tl.entry && d != 256) {
