@@ -17,7 +17,8 @@
  *   by the consumers to the writer beside their slice; the walks are not rotated.
  * Why: exact attention at a fraction of the work, on the Hopper pipeline rather than mma.sync.
  * Expected: time follows the visible tiles; a window W makes it linear in N. Goals: >= 1.0x
- *   FlexAttention per mask (met); visible pairs at >= 0.9x 10_fa3_backward's rate (missed).
+ *   FlexAttention per mask (met); visible pairs at >= 0.9x 10_fa3_backward's rate (met at
+ *   50%, missed at 10%).
  * Memory: as 10_fa3_backward, plus with a block mask the lists in the workspace (an int per
  *   listed tile, at most its key or query range: W-bounded with a window) and, deterministic,
  *   the mask's row prefix sums; 24 bytes more shared memory (entries, a tile's steps).
@@ -586,20 +587,20 @@ static __device__ __forceinline__ void pass_step(const consumer *c, int j, const
 
 /* 1 iff step j needs the mask: some key of its tile hidden by the block mask (entry_keys), past
  * N_k or outside the band for some row of the warpgroup. Where the list tells without its entry,
- * the step does not wait for it (a wait, a read and a shuffle at every step cost the dense run
- * ~5%): a range's tile is base + j; a stored list's first n_full entries need no mask. Else the
- * entry, read once K_j has landed (the producer put it in the stage's slot before arming K_j's
- * barrier), while K_j's stage is held. The masked step reads the entry again: its keys would
- * take registers across the step's products. */
+ * the step does not wait for it (at d = 64 and 128 a wait, a read and a shuffle at every step
+ * cost the dense run ~5%): a range's tile is base + j; a stored list's first n_full entries need
+ * no mask. Else the entry, read once K_j has landed (the producer put it in the stage's slot
+ * before arming K_j's barrier), while K_j's stage is held. The masked step reads the entry
+ * again: its keys would take registers across the step's products. */
 static __device__ __forceinline__ int step_mask(const consumer *c, int j, const int d)
 {
     const fa3_smem sm = smem_layout(d);
     const attn_problem p = *c->p;
     const int n = c->n0 + j, bc = Bc(d), r1 = min(c->row0 + WG_ROWS, p.N_q) - 1;
-    if (d != 256 && j < c->n_full) return 0;   /* a stored list's leading full entries (build_lists) */
-    /* A range: tile base + j, every key; an empty range's one step. Not at d = 256, whose
-     * consumers (no ping-pong) measured 2-5% slower so than reading the entry. */
-    if (!c->tl.entry && d != 256) {
+    /* Not at d = 256, whose consumers (no ping-pong) ran the causal mask 3-4% slower with these
+     * two tests than with the entry alone. */
+    if (d != 256 && j < c->n_full) return 0;   /* a stored list's leading full entries */
+    if (d != 256 && !c->tl.entry) {   /* a range: tile base + j, every key; an empty range's one step */
         const int k0 = (c->base + j) * bc;
         return c->base < 0 || band_cuts(p, c->w, c->row0, r1, k0, k0 + bc);
     }
