@@ -8,9 +8,8 @@
  * - Forward: the producer walks the list and puts each entry beside K_j in shared memory; a
  *   consumer runs the masked step copy only where its rows are cut (step_mask: the band's edges,
  *   N_k, a block-mask tile split by a query or key tile), told by the range or the list's count
- *   of leading full entries, else by the entry. The walking grid
- *   takes an L2 section's tiles longest list first (sort_tiles). An empty list runs one fully
- *   masked step: O = 0, L = -inf.
+ *   of leading full entries, else by the entry. The walking grid takes an L2 section's tiles
+ *   longest list first (sort_tiles). An empty list runs one fully masked step: O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
  *   an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
  *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn) and handed
@@ -90,8 +89,8 @@
  * STAGES x K_j [Bc][d]; STAGES x V_j [Bc][d]; at d = 64, O_i [Br][d] (where O_i waits for its
  * store: o_place); then the mbarriers: Q's full and empty ones (two of each), O's (its store
  * has read V's ring), and full K, full V, empty K, empty V, STAGES of each; then six ints, the
- * posted query tile, its steps and full steps (two of each), and STAGES ints, the list entry of the K_j in
- * each stage of K's ring. */
+ * posted query tile, its steps and full steps (two of each), and STAGES ints, the list entry of
+ * the K_j in each stage of K's ring. */
 typedef struct { uint32_t Q, K, V, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, slot, entry; } fa3_smem;
 
 /* Q_i's buffers: two where shared memory has room for a second (d = 128 with 128-key tiles: 192
@@ -120,7 +119,7 @@ static __device__ __forceinline__ fa3_smem smem_layout(int d)
     m.full_v = m.full_k + 8 * STAGES;
     m.empty_k = m.full_v + 8 * STAGES;
     m.empty_v = m.empty_k + 8 * STAGES;
-    m.slot = m.empty_v + 8 * STAGES;   /* [6]: the posted query tile, its steps, full steps: by parity */
+    m.slot = m.empty_v + 8 * STAGES;   /* [6]: the posted tile, steps, full steps: by parity */
     m.entry = m.slot + 24;             /* [STAGES]: K_j's list entry, by stage */
     return m;
 }
@@ -587,8 +586,8 @@ static __device__ __forceinline__ void pass_step(const consumer *c, int j, const
 
 /* 1 iff step j needs the mask: some key of its tile hidden by the block mask (entry_keys), past
  * N_k or outside the band for some row of the warpgroup. Where the list tells without its entry,
- * the step does not wait for it (at d = 64 and 128 a wait, a read and a shuffle at every step
- * cost the dense run ~5%): a range's tile is base + j; a stored list's first n_full entries need
+ * the step does not wait for it (a wait, a read and a shuffle at every step cost the dense run
+ * ~5% at d = 128): a range's tile is base + j; a stored list's first n_full entries need
  * no mask. Else the entry, read once K_j has landed (the producer put it in the stage's slot
  * before arming K_j's barrier), while K_j's stage is held. The masked step reads the entry
  * again: its keys would take registers across the step's products. */
@@ -600,7 +599,7 @@ static __device__ __forceinline__ int step_mask(const consumer *c, int j, const 
     /* Not at d = 256, whose consumers (no ping-pong) ran the causal mask 3-4% slower with these
      * two tests than with the entry alone. */
     if (d != 256 && j < c->n_full) return 0;   /* a stored list's leading full entries */
-    if (d != 256 && !c->tl.entry) {   /* a range: tile base + j, every key; an empty range's one step */
+    if (d != 256 && !c->tl.entry) {   /* a range: tile base + j, every key (or an empty range) */
         const int k0 = (c->base + j) * bc;
         return c->base < 0 || band_cuts(p, c->w, c->row0, r1, k0, k0 + bc);
     }
@@ -625,10 +624,10 @@ static __device__ __forceinline__ int next_tile_of(const attn_args a, int u)
 
 /* The producer posts the block's t-th query tile (its index, tile_index; n_tiles: none left) in
  * slot[t & 1], its steps in slot[2 + (t & 1)] and its full steps (tile_list) in slot[4 + (t & 1)],
- * before it arms Q's barrier for it; a consumer
- * reads them once that phase is complete (so that it need not read the order and the list's
- * length itself, two global loads one after the other). Q_i's buffers are a ring of Q_BUFS
- * stages: tile t's is t % Q_BUFS, its barriers' parity t / Q_BUFS & 1. */
+ * before it arms Q's barrier for it; a consumer reads them once that phase is complete (so that
+ * it need not read the order and then the list itself, global loads one after the other). Q_i's
+ * buffers are a ring of Q_BUFS stages: tile t's is t % Q_BUFS, its barriers' parity
+ * t / Q_BUFS & 1. */
 static __device__ __forceinline__ void post_tile(const fa3_smem sm, int t, int v, int steps,
                                                  int n_full)
 {
@@ -978,7 +977,8 @@ static __global__ void __launch_bounds__(LIST_THREADS) build_lists(attn_problem 
             seen |= band_sees(w, r0, r1, b0 ? j0 : mid, b1 ? j1 : mid);
             cut |= !b0 || !b1 || band_cuts(p, w, r0, r1, j0, j0 + bc);   /* as step_mask */
         }
-        const uint32_t on = __ballot_sync(0xffffffffu, seen), part = __ballot_sync(0xffffffffu, seen && cut);
+        const uint32_t on = __ballot_sync(0xffffffffu, seen);
+        const uint32_t part = __ballot_sync(0xffffffffu, seen && cut);   /* listed, to mask */
         if (seen) entry[(size_t)uc * cap + n + __popc(on & ((1u << lane) - 1))] = e;
         if (n_full == n)   /* no entry that needs the mask yet: count those before the first */
             n_full += __popc(part ? on & ((part & (0u - part)) - 1) : on);
@@ -1842,7 +1842,8 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
         tl.entry = l + 3 * (size_t)n_tiles;
         tl.cap = fwd_cap(p);
         build_lists<<<attn_blocks_for((size_t)n_tiles * WARP, LIST_THREADS), LIST_THREADS, 0, s>>>(
-            *p, *a, diagonal_band(p), l + 3 * (size_t)n_tiles, l + n_tiles, l + 2 * (size_t)n_tiles, tl.cap);
+            *p, *a, diagonal_band(p), l + 3 * (size_t)n_tiles, l + n_tiles, l + 2 * (size_t)n_tiles,
+            tl.cap);
         ATTN_LAUNCH_CHECK();
         if (walk) {
             sort_tiles<<<1, SORT_THREADS, 0, s>>>(l + n_tiles, l, n_tiles, n_i, G, tl.cap);
