@@ -70,6 +70,10 @@ defs() {
 # used NAME FILE: whether FILE uses NAME as a word
 used() { grep -q "\\b$1\\b" "$2"; }
 
+# own NAME FILE: whether FILE defines a function or macro NAME of its own (then a common/
+# definition of that name is not what it uses)
+own() { grep -q -E "^(static .*[ *]$1\\(|#define $1\\b)" "$2"; }
+
 # common_added CHILD PARENT: the common/ definitions CHILD's source uses and PARENT's does not,
 # as "+"-lines under a "+++ file: names" heading; lines counted into $TMP/common_n
 common_added() {
@@ -80,6 +84,7 @@ common_added() {
         names= body=
         while IFS="$(printf '\t')" read -r dname a b; do
             used "$dname" "$1/attention.cu" || continue
+            own "$dname" "$1/attention.cu" && continue
             used "$dname" "$2/attention.cu" && continue
             names="$names $dname"
             sed -n "${a},${b}p" "$h" | sed 's/^/+/' >> "$TMP/body.$$"

@@ -4,9 +4,10 @@
  * Changed from 03_tiled: a backward pass; the forward is 03_tiled's, unchanged. Three launches:
  *   1. rowdot_kernel      D = rowsum(dO ∘ O), fp32 [B, H, N_q] in the workspace (line 19,
  *                         hoisted: it depends on the query row alone)
- *   2. backward_kernel    one block per (kv head, batch). Outer loop over K_j, V_j (line 6),
- *                         dK_j, dV_j in registers; inner loop over every query head of the GQA
- *                         group and every Q_i that can see K_j (line 9): recompute
+ *   2. backward_kernel    one launch per K_j, V_j (line 6's outer loop, run by the host), one
+ *                         block per (kv head, batch), dK_j, dV_j in registers; inner loop over
+ *                         every query head of the GQA group and every Q_i that can see K_j
+ *                         (line 9): recompute
  *                         S_ij = scale Q_i K_jᵀ and P_ij = exp(S_ij - L_i) from the saved
  *                         logsumexp (no max, no sum: L_i = m_i + log l_i holds both), then
  *                         dV_j += P_ijᵀ dO_i, dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij - D_i),

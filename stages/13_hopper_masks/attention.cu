@@ -901,8 +901,8 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
 }
 
 /* One kernel per head dim, mask and dtype, each with literals inside; the tensor maps
- * are __grid_constant__ parameters. One block of 3 warpgroups per SM (the cap at entry, 168
- * registers, is what setmaxnreg redistributes). causal: -1 read from p, 0 or 1 a literal. G:
+ * are __grid_constant__ parameters. One block of 3 warpgroups per SM, 4 at d = 64 (the cap at
+ * entry, 168 registers, 128 at d = 64, is what setmaxnreg redistributes). causal: -1 read from p, 0 or 1 a literal. G:
  * the causal order's heads per section. */
 typedef void (*attention_fn)(attn_problem, attn_args, int, band, tile_lists, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
@@ -972,7 +972,7 @@ static __global__ void __launch_bounds__(LIST_THREADS) build_lists(attn_problem 
             const int r0 = i0 + c * WG_ROWS, r1 = min(r0 + WG_ROWS, p.N_q) - 1;
             const unsigned char *row = mask_row(p, a, b, h, r0 / MASK_TILE);
             const int b0 = row[j0 / MASK_TILE] != 0, b1 = row[(j1 - 1) / MASK_TILE] != 0;
-            const int mid = min(j1, (j0 / MASK_TILE + 1) * MASK_TILE);   /* as step_mask */
+            const int mid = min(j1, (j0 / MASK_TILE + 1) * MASK_TILE);   /* as entry_keys */
             e |= (b0 | b1 << 1) << (ENTRY_BITS + 2 * c);
             seen |= band_sees(w, r0, r1, b0 ? j0 : mid, b1 ? j1 : mid);
             cut |= !b0 || !b1 || band_cuts(p, w, r0, r1, j0, j0 + bc);   /* as step_mask */
