@@ -902,8 +902,8 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
 
 /* One kernel per head dim, mask and dtype, each with literals inside; the tensor maps
  * are __grid_constant__ parameters. One block of 3 warpgroups per SM, 4 at d = 64 (the cap at
- * entry, 168 registers, 128 at d = 64, is what setmaxnreg redistributes). causal: -1 read from p, 0 or 1 a literal. G:
- * the causal order's heads per section. */
+ * entry, 168 registers, 128 at d = 64, is what setmaxnreg redistributes). causal: -1 read from
+ * p, 0 or 1 a literal. G: the causal order's heads per section. */
 typedef void (*attention_fn)(attn_problem, attn_args, int, band, tile_lists, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap);
