@@ -756,7 +756,6 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         int due = 1;   /* P_{j-1} V_{j-1} is due (tile j-1 was not skipped) */
         if (c.row0 >= p.N_q) {   /* no row of this warpgroup exists: its O is clipped by the store */
             for (int j = 0; j < Tc; j++) pass_step(&c, j, d);
-            due = 0;
         } else if (SKIPS(d)) {   /* a skipped tile: no S_j, and no P_j V_j in the next step */
             due = 0;
             for (int j = 0; j < Tc; j++) {
@@ -791,8 +790,8 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         /* Every S product of this tile is complete: the producer may load the next Q_i, and post
          * in the slot this thread read (so every consumer thread arrives, not one a warp). */
         mbar_arrive(sm.empty_q + 8 * qs);
-        if (!due) pass_step(&c, Tc, d);
-        else     consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, fp16);
+        if (c.row0 >= p.N_q || !due) pass_step(&c, Tc, d);
+        else                         consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, fp16);
 
         /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2; a row that saw no key has l_i = 0 and
          * m_i = -inf: O_i = 0 and L_i = -inf (attn.h), so 1 / l_i is not taken there. O_i is
