@@ -37,6 +37,9 @@
 #define Br(d)   ((d) == 64 ? 192 : 128)   /* query rows per block: a Q_i tile */
 #define Bc(d)   ((d) <= 128 ? 128 : 80)   /* keys per K_j, V_j tile */
 #define CONSUMERS(d) (Br(d) / WG_ROWS)    /* consumer warpgroups, 64 query rows each */
+/* A warpgroup skips the steps whose keys none of its rows sees (step_mask's 2): only at d = 64,
+ * whose 192-row tile spans two rows of 128-row mask tiles, so its list is the union of theirs */
+#define SKIPS(d) ((d) == 64 && WS)
 #define THREADS(d) ((1 + CONSUMERS(d)) * WARPGROUP)   /* and the producer (warpgroup 0) */
 #define STAGES  2     /* K_j (and V_j) buffers in each ring */
 #define RESCALE_LOG2 8.0f   /* lazy rescaling: P_ij stays below 2^8 (consumer_step) */
@@ -584,8 +587,16 @@ static __device__ __forceinline__ void pass_step(const consumer *c, int j, const
     if (j > 0 && lane == 0) mbar_arrive(sm.empty_v + 8 * ((n - 1) % STAGES));
 }
 
+/* A ring stage's release without its product (SKIPS): after the tile n of the ring has landed,
+ * so that the arrive counts toward that tile's phase, one arrive a warp. */
+static __device__ __forceinline__ void release(uint32_t full, uint32_t empty, int n)
+{
+    mbar_wait(full + 8 * (n % STAGES), n / STAGES & 1);
+    if (threadIdx.x % WARP == 0) mbar_arrive(empty + 8 * (n % STAGES));
+}
+
 /* 1 iff step j needs the mask: some key of its tile hidden by the block mask (entry_keys), past
- * N_k or outside the band for some row of the warpgroup. Where the list tells without its entry,
+ * N_k or outside the band for some row of the warpgroup; 2 (SKIPS) iff its rows see none. Where the list tells without its entry,
  * the step does not wait for it (a wait, a read and a shuffle at every step cost the dense run
  * ~5% at d = 128): a range's tile is base + j; a stored list's first n_full entries need
  * no mask. Else the entry, read once K_j has landed (the producer put it in the stage's slot
@@ -601,11 +612,14 @@ static __device__ __forceinline__ int step_mask(const consumer *c, int j, const 
     if (d != 256 && j < c->n_full) return 0;   /* a stored list's leading full entries */
     if (d != 256 && !c->tl.entry) {   /* a range: tile base + j, every key (or an empty range) */
         const int k0 = (c->base + j) * bc;
+        if (SKIPS(d) && (c->base < 0 || !band_sees(c->w, c->row0, r1, k0, min(k0 + bc, p.N_k))))
+            return 2;
         return c->base < 0 || band_cuts(p, c->w, c->row0, r1, k0, k0 + bc);
     }
     mbar_wait(sm.full_k + 8 * (n % STAGES), n / STAGES & 1);
     int key0, k_lo, k_hi;
     entry_keys(c, n % STAGES, d, &key0, &k_lo, &k_hi);
+    if (SKIPS(d) && !band_sees(c->w, c->row0, r1, k_lo, k_hi)) return 2;
     return k_lo > key0 || k_hi < key0 + bc || band_cuts(p, c->w, c->row0, r1, key0, key0 + bc);
 }
 
@@ -739,8 +753,29 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         /* Only the entries that cut this warpgroup's rows (step_mask: the band's edges, the tail
          * past N_k, a tile the block mask hides in part) take the masked copy of the step. */
         const int Tc = c.Tc;
+        int due = 1;   /* P_{j-1} V_{j-1} is due (tile j-1 was not skipped) */
         if (c.row0 >= p.N_q) {   /* no row of this warpgroup exists: its O is clipped by the store */
             for (int j = 0; j < Tc; j++) pass_step(&c, j, d);
+        } else if (SKIPS(d)) {   /* a skipped tile: no S_j, and no P_j V_j in the next step */
+            due = 0;
+            for (int j = 0; j < Tc; j++) {
+                const int k = step_mask(&c, j, d);
+                if (k == 2 && due) {
+                    consumer_step(&c, j, s, o, pa, m, l, 0, 1, 0, d, fp16);
+                    release(sm.full_k, sm.empty_k, c.n0 + j);
+                } else if (k == 2) {
+                    pass_step(&c, j, d);
+                } else if (!due) {
+                    if (k) consumer_step(&c, j, s, o, pa, m, l, 1, 0, 1, d, fp16);
+                    else   consumer_step(&c, j, s, o, pa, m, l, 1, 0, 0, d, fp16);
+                    if (j > 0) release(sm.full_v, sm.empty_v, c.n0 + j - 1);
+                } else if (k) {
+                    consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, fp16);
+                } else {
+                    consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, fp16);
+                }
+                due = k != 2;
+            }
         } else {
             if (!step_mask(&c, 0, d))
                 consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, d, fp16);
@@ -755,8 +790,8 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         /* Every S product of this tile is complete: the producer may load the next Q_i, and post
          * in the slot this thread read (so every consumer thread arrives, not one a warp). */
         mbar_arrive(sm.empty_q + 8 * qs);
-        if (c.row0 >= p.N_q) pass_step(&c, Tc, d);
-        else                 consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, fp16);
+        if (c.row0 >= p.N_q || !due) pass_step(&c, Tc, d);
+        else                         consumer_step(&c, Tc, s, o, pa, m, l, 0, 1, 0, d, fp16);
 
         /* O_i = O_i / l_i and L_i = (m_i + log2 l_i) ln 2; a row that saw no key has l_i = 0 and
          * m_i = -inf: O_i = 0 and L_i = -inf (attn.h), so 1 / l_i is not taken there. O_i is
