@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every stage program,
-# forward and backward, at small odd shapes: the 300-token ones big enough that tiled stages also
-# run tiles that need no mask; the 700-token one more query tiles than an H200 has SMs, so that a
-# persistent grid's blocks walk several; the head dim 256 one only the Hopper stages run; two
-# deterministic backwards (the semaphores' turns: GQA without a mask, causal at an odd N); the
-# next six, two windows and four block masks, only the stages with masks (at head dims 64 and
-# 128, with and without GQA; at 256 forward only, which 13_hopper_masks alone runs; one with a
-# window AND a mask, deterministic: the semaphores' turns counted over the mask); the last
-# three, e4m3, only the stages with an fp8 forward (one of them with more query tiles than SMs).
-# Any finding fails; a shape a stage refuses (exit 2, e.g. a stage without a backward pass) is
-# reported as skipped.
+# compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every stage program, forward
+# and backward, at small odd shapes: the 300-token ones big enough that tiled stages also run tiles
+# that need no mask; the 700-token and 600-token ones more query tiles than an H200 has SMs, so that
+# a persistent grid's blocks walk several (at d = 128 and 64); the head dim 256 one only the Hopper
+# stages run; two deterministic backwards (the semaphores' turns: GQA without a mask, causal at an
+# odd N); the next six, two windows and four block masks, only the stages with masks (at head dims
+# 64 and 128, with and without GQA; at 256 forward only, which 13_hopper_masks alone runs; one with
+# a window AND a mask, deterministic: the semaphores' turns counted over the mask); the last three,
+# e4m3, only the stages with an fp8 forward (one of them with more query tiles than SMs). Any
+# finding fails; a shape a stage refuses (exit 2, e.g. a stage without a backward pass) is reported
+# as skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
 set -u
 san=$1 build=$2; shift 2
@@ -21,6 +21,7 @@ shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 128 --causal"
         "--batch 1 --heads 1 --seqlen 4100 --dim 128 --causal"
         "--batch 1 --heads 24 --kv-heads 8 --seqlen 700 --dim 128 --causal"
+        "--batch 1 --heads 40 --seqlen 600 --dim 64 --causal"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 150 --dim 256 --causal --dtype fp16"
         "--batch 1 --heads 4 --kv-heads 2 --seqlen 700 --dim 64 --deterministic"
         "--batch 1 --heads 2 --seqlen 353 --dim 128 --causal --deterministic"

@@ -824,13 +824,13 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
                                  c.row0, h, c.b);
                 bulk_commit();
                 bulk_wait_read_0();   /* the shared memory must keep O until the store has read it */
-                mbar_arrive(sm.o_free);
+                if (d != 64) mbar_arrive(sm.o_free);   /* d = 64: O's own tile, nobody waits */
             }
         } else {   /* each warp its own rows, as in 08; then the stage is free */
             __syncwarp();
             store_rows(a.o, o_tile - sm.Q, cw * WG_ROWS + warp * 16, 16, c.b, i0, p.N_q, h, p.H, d);
             bar_sync(BAR_EPI + cw, WARPGROUP);
-            if (threadIdx.x % WARPGROUP == 0) mbar_arrive(sm.o_free);
+            if (d != 64 && threadIdx.x % WARPGROUP == 0) mbar_arrive(sm.o_free);
         }
         c.n0 += Tc;
     }
