@@ -8,8 +8,9 @@
  * - Forward: the producer walks the list and puts each entry beside K_j in shared memory; a
  *   consumer runs the masked step copy only where its rows are cut (step_mask: the band's edges,
  *   N_k, a block-mask tile split by a query or key tile), told by the range or the list's count
- *   of leading full entries, else by the entry. The walking grid takes an L2 section's tiles
- *   longest list first (sort_tiles). An empty list runs one fully masked step: O = 0, L = -inf.
+ *   of leading full entries, else by the entry; at d = 64 it skips a step its rows do not see.
+ *   The walking grid takes an L2 section's tiles longest list first (sort_tiles). An empty list
+ *   runs one fully masked step: O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
  *   an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
  *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn) and handed
@@ -39,7 +40,7 @@
 #define CONSUMERS(d) (Br(d) / WG_ROWS)    /* consumer warpgroups, 64 query rows each */
 /* A warpgroup skips the steps whose keys none of its rows sees (step_mask's 2): only at d = 64,
  * whose 192-row tile spans two rows of 128-row mask tiles, so its list is the union of theirs */
-#define SKIPS(d) ((d) == 64 && WS)
+#define SKIPS(d) ((d) == 64 && WS && SKIP)
 #define THREADS(d) ((1 + CONSUMERS(d)) * WARPGROUP)   /* and the producer (warpgroup 0) */
 #define STAGES  2     /* K_j (and V_j) buffers in each ring */
 #define RESCALE_LOG2 8.0f   /* lazy rescaling: P_ij stays below 2^8 (consumer_step) */
@@ -82,6 +83,10 @@
 #endif
 #ifndef LAZY   /* knob: OFF=lazy, O rescaled at every step */
 #define LAZY 1
+#endif
+/* And this one's: at d = 64 a consumer skips the steps it does not see (SKIPS). */
+#ifndef SKIP   /* knob: OFF=skip, every consumer takes every listed step */
+#define SKIP 1
 #endif
 
 /* The share of L2 (50 MiB on the H200) that one section of the causal order's heads may fill
@@ -596,10 +601,10 @@ static __device__ __forceinline__ void release(uint32_t full, uint32_t empty, in
 }
 
 /* 1 iff step j needs the mask: some key of its tile hidden by the block mask (entry_keys), past
- * N_k or outside the band for some row of the warpgroup; 2 (SKIPS) iff its rows see none. Where the list tells without its entry,
- * the step does not wait for it (a wait, a read and a shuffle at every step cost the dense run
- * ~5% at d = 128): a range's tile is base + j; a stored list's first n_full entries need
- * no mask. Else the entry, read once K_j has landed (the producer put it in the stage's slot
+ * N_k or outside the band for some row of the warpgroup; 2 (SKIPS) iff its rows see none. Where
+ * the list tells without its entry, the step does not wait for it (a wait, a read and a shuffle
+ * at every step cost the dense run ~5% at d = 128): a range's tile is base + j; a stored list's
+ * first n_full entries need no mask. Else the entry, read once K_j has landed (the producer put it in the stage's slot
  * before arming K_j's barrier), while K_j's stage is held. The masked step reads the entry
  * again: its keys would take registers across the step's products. */
 static __device__ __forceinline__ int step_mask(const consumer *c, int j, const int d)
