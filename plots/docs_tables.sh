@@ -144,9 +144,9 @@ EOF
 PROFILE_MD=docs/logs/profile-2026-11-30.md
 PROFILE_ARGS="--batch 2 --heads 16 --seqlen 8192 --dim 128"
 # The "STAGE ncu vs OTHER" tables: ncu's reports, a line "STAGE DIRECTION FILE" each
-NCU_REPORTS="06_fa2 forward docs/logs/ncu/05_fa2-forward-d128-N8192-2026-11-29c.txt
+NCU_REPORTS="06_fa2 forward docs/logs/ncu/06_fa2-forward-d128-N8192.txt
 torch_flash forward docs/logs/ncu/torch_flash-forward-d128-N8192.txt
-06_fa2 backward docs/logs/ncu/05_fa2-backward-d128-N8192-2026-11-29c.txt
+06_fa2 backward docs/logs/ncu/06_fa2-backward-d128-N8192.txt
 torch_flash backward docs/logs/ncu/torch_flash-backward-d128-N8192.txt"
 DETERMINISTIC_CSV=docs/logs/deterministic-05-2026-11-29g.csv
 
@@ -666,7 +666,7 @@ gen() {
             out("|---|--:|--:|--:|--:|")
             for (i = 1; i <= n; i++) out(rows[i])
             out("")
-            logs_source("Nsight Compute (`ncu`, its default sections), one call each" (shape != "" ? ", `" shape "` (the harness'"'"'s line in " s "'"'"'s report)" : "") \
+            logs_source("Nsight Compute (`ncu` with the sections SpeedOfLight, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis, SchedulerStats, WarpStateStats, LaunchStats, Occupancy), one call each" (shape != "" ? ", `" shape "` (the harness'"'"'s line in " s "'"'"'s report)" : "") \
                 "; SM clock: `SM Frequency`; instructions per cycle: `Executed Ipc Active`", files)
         }
         # STAGE deterministic: the backward rows of s (or of its old name) in det_csv (the sweep'"'"'s
