@@ -41,7 +41,8 @@
 #   ab FILE            an A/B log of interleaved rounds (FILE from the repository root; lines
 #                      "round R | ARGS | VARIANT | MS ms ...", other lines ignored): ms per call
 #                      per ARGS (rows) and VARIANT (columns), the median over the rounds, and
-#                      in brackets the ratio to the first column
+#                      in brackets the ratio to the first column; its caption names the run of
+#                      the first "# ... commit ..." line (plots/ab.sh writes one)
 #   STAGE sass         static SASS counts of STAGE's kernels, a kernel a row and a column per
 #                      instruction (or the other way round), from SASS_TABLES's logs, kernels and
 #                      columns for STAGE (06_fa2: its forward and backward at d = 128; 07_wgmma:
@@ -436,9 +437,10 @@ gen() {
         # ab FILE: an A/B log of interleaved rounds, a line "round R | ARGS | VARIANT | MS ms ..."
         # per run: a row per ARGS, a column per VARIANT (both in the order they first appear),
         # the median ms over the rounds, and the ratio to the first column in brackets
-        function table_ab(file,   line, f, k, a, na, v, nv, seenr, seenv, t, cnt, x, i, j, rounds, row, m0, m) {
-            na = nv = 0
+        function table_ab(file,   line, f, k, a, na, v, nv, seenr, seenv, t, cnt, x, i, j, rounds, row, m0, m, hdr) {
+            na = nv = 0; hdr = ""
             while ((getline line < file) > 0) {
+                if (hdr == "" && line ~ /^# .*commit /) hdr = substr(line, 3)   # plots/ab.sh: date; GPU; commit
                 if (split(line, f, " [|] ") < 4 || f[1] !~ /^round [0-9]+$/ || !match(f[4], /^[0-9.]+ ms/)) continue
                 if (!(f[2] in seenr)) { seenr[f[2]] = 1; a[++na] = f[2] }
                 if (!(f[3] in seenv)) { seenv[f[3]] = 1; v[++nv] = f[3] }
@@ -466,7 +468,7 @@ gen() {
             }
             m = 0; for (k in rounds) if (k + 0 > m) m = k + 0
             out("")
-            logs_source("ms per call, the median of " m " interleaved rounds (each a `--bench` median); in brackets, the ratio to the first column", "`" file "`")
+            logs_source("ms per call, the median of " m " interleaved rounds (each a `--bench` median); in brackets, the ratio to the first column", "`" file "`" (hdr != "" ? " (" hdr ")" : ""))
         }
         # a setting of the tables of logs: the values of the lines "S KEY VALUE" of text into
         # v[1..n] (in their order); returns n
