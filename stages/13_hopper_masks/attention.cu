@@ -604,9 +604,9 @@ static __device__ __forceinline__ void release(uint32_t full, uint32_t empty, in
  * N_k or outside the band for some row of the warpgroup; 2 (SKIPS) iff its rows see none. Where
  * the list tells without its entry, the step does not wait for it (a wait, a read and a shuffle
  * at every step cost the dense run ~5% at d = 128): a range's tile is base + j; a stored list's
- * first n_full entries need no mask. Else the entry, read once K_j has landed (the producer put it in the stage's slot
- * before arming K_j's barrier), while K_j's stage is held. The masked step reads the entry
- * again: its keys would take registers across the step's products. */
+ * first n_full entries need no mask. Else the entry, read once K_j has landed (the producer put
+ * it in the stage's slot before arming K_j's barrier), while K_j's stage is held. The masked
+ * step reads the entry again: its keys would take registers across the step's products. */
 static __device__ __forceinline__ int step_mask(const consumer *c, int j, const int d)
 {
     const fa3_smem sm = smem_layout(d);
