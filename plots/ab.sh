@@ -25,7 +25,8 @@ for v in "$@"; do
     [ -x "$prog" ] || { echo "ab: $prog: no such program (make it first)" >&2; exit 2; }
     nv=$((nv + 1)); eval "name_$nv=\$name; prog_$nv=\$prog"
 done
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1); commit $(git rev-parse --short HEAD 2>/dev/null)"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $gpu; commit $(git rev-parse --short HEAD 2>/dev/null)"
 i=1; while [ $i -le $nv ]; do eval "echo \"# \$name_$i: \$prog_$i\""; i=$((i + 1)); done
 r=1
 while [ $r -le "$rounds" ]; do
