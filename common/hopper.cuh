@@ -509,6 +509,13 @@ static __device__ __forceinline__ void wgmma8_ss_first_n128(float d[64], uint64_
                  : WGMMA_W64(d) : "l"(a), "l"(b), "r"(0));
 }
 
+static __device__ __forceinline__ void wgmma8_rs_n64(float d[32], const uint32_t a[4], uint64_t b,
+                                                     int scale_d)
+{
+    asm volatile(WGMMA_RS8("64", WGMMA_ACC_32, "%32", "%33", "%34", "%35", "%36", "%37")
+                 : WGMMA_D32(d) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
 static __device__ __forceinline__ void wgmma8_rs_n128(float d[64], const uint32_t a[4], uint64_t b,
                                                       int scale_d)
 {

@@ -6,8 +6,8 @@
 # stages run; two deterministic backwards (the semaphores' turns: GQA without a mask, causal at an
 # odd N); the next six, two windows and four block masks, only the stages with masks (at head dims
 # 64 and 128, with and without GQA; at 256 forward only, which 13_hopper_masks alone runs; one with
-# a window AND a mask, deterministic: the semaphores' turns counted over the mask); the last three,
-# e4m3, only the stages with an fp8 forward (one of them with more query tiles than SMs). Any
+# a window AND a mask, deterministic: the semaphores' turns counted over the mask); the last four,
+# e4m3, only the stages with an fp8 forward (two of them with more query tiles than SMs). Any
 # finding fails; a shape a stage refuses (exit 2, e.g. a stage without a backward pass) is reported
 # as skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
@@ -33,7 +33,8 @@ shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
         "--batch 1 --heads 2 --seqlen 1000 --dim 128 --causal --window 300 --mask random:0.6 --deterministic"
         "--batch 1 --heads 4 --kv-heads 2 --seqlen 300 --dim 128 --causal --dtype e4m3"
         "--batch 1 --heads 24 --kv-heads 8 --seqlen 700 --dim 128 --causal --dtype e4m3"
-        "--batch 1 --heads 2 --kv-heads 1 --seqlen 150 --dim 256 --dtype e4m3")
+        "--batch 1 --heads 2 --kv-heads 1 --seqlen 150 --dim 256 --dtype e4m3"
+        "--batch 1 --heads 40 --seqlen 600 --dim 64 --causal --dtype e4m3")
 command -v "$san" >/dev/null 2>&1 || { echo "sanitize: $san not found"; exit 2; }
 # refuses STAGE ARGS...: STAGE, run without the sanitizer, refuses ARGS (exit 2)
 refuses() { local s=$1; shift; "$build/$s" "$@" > /dev/null 2>&1; [ $? = 2 ]; }

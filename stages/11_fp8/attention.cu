@@ -17,12 +17,13 @@
  *   of P are what it costs. In shared memory the transpose's reads contend with the products'
  *   and its latency sits on the path to P V; once in HBM it costs a pass over V (~1-2%).
  *   Expected: well above 09 at d = 128 and 256 (FA-3 reports ~1.2 PFLOP/s at d = 256 on an
- *   H100); O within e4m3's tolerance (docs/harness.md).
- * Head dims 128 and 256; d = 64 is refused (its 64-byte rows need another swizzle). bf16 and
- *   fp16 are refused (attn_stage.fp8 = ATTN_FP8_ONLY). Knobs as 09 but ws and lazy, and
+ *   H100), about level at d = 64 (the exponentials bound both); O within e4m3's tolerance.
+ * Head dims 64, 128 and 256: at d = 64 the rows of Q_i, K_j (and V_j) take a whole 128-byte
+ *   box in shared memory, the TMA filling its second half with zeros, and S takes 2 k-steps of
+ *   it: one swizzle for every head dim. bf16 and fp16 are refused (attn_stage.fp8 = ATTN_FP8_ONLY). Knobs as 09 but ws and lazy, and
  *   pretranspose: make build/11_fp8 OFF=persistent|tma_store|pingpong|overlap|pretranspose.
  * Memory: L, an int (the tile counter) and Vt (as many bytes as V). Shared memory (smem_bytes):
- *   d = 128: two Q_i (2 x 16 KiB), K_j, V_j, Vt_j rings (3 x 2 x 16), O_i (32) = 160 KiB;
+ *   d = 64: as d = 128 but Vt_j and O_i of half the bytes = 128 KiB; d = 128: two Q_i (2 x 16 KiB), K_j, V_j, Vt_j rings (3 x 2 x 16), O_i (32) = 160 KiB;
  *   d = 256: one Q_i (32), the rings (3 x 2 x 32) = 224 KiB, O_i staged in Vt's ring. V_j's
  *   ring is used by OFF=pretranspose only.
  *
@@ -40,6 +41,10 @@
 #define Br(d)   128   /* query rows per block: a Q_i tile */
 /* Keys per K_j, V_j tile: 128, one 128-byte row of Vt_j, where the keys are wgmma's K. */
 #define Bc(d)   128
+/* Bytes a row of Q_i, K_j or V_j takes in shared memory: d, at least one 128-byte box (at
+ * d = 64 the tensor map's rows are 64 bytes, and the TMA fills the box's other half with
+ * zeros, which no product reads). */
+#define ROW8(d) ((d) < BOX_ROW ? BOX_ROW : (d))
 #define CONSUMERS(d) (Br(d) / WG_ROWS)    /* consumer warpgroups, 64 query rows each */
 #define THREADS(d) ((1 + CONSUMERS(d)) * WARPGROUP)   /* and the producer (warpgroup 0) */
 #define STAGES  2     /* K_j (and V_j, Vt_j) buffers in each ring */
@@ -100,8 +105,9 @@
 #define L2_KV_BYTES (16u << 20)
 
 /* Dynamic shared memory, e4m3 tiles of 128-column (128-byte) boxes (hopper.cuh): Q_BUFS x Q_i
- * [Br][d]; STAGES x K_j [Bc][d]; STAGES x V_j [Bc][d] (as loaded); STAGES x Vt_j [d][Bc] (the
- * transposer's, one 128-byte swizzled row per column of V_j); at d = 128, O_i [Br][d] in bf16
+ * [Br][ROW8]; STAGES x K_j [Bc][ROW8]; STAGES x V_j [Bc][ROW8] (as loaded); STAGES x Vt_j
+ * [d][Bc] (the transposer's, one 128-byte swizzled row per column of V_j); at d = 64 and 128,
+ * O_i [Br][d] in bf16
  * (where O_i waits for its store: o_place); then the mbarriers: Q's full and empty ones (two of
  * each), O's (its store has read Vt's ring), and full K, full V, empty K, empty V, full Vt,
  * empty Vt, STAGES of each; then two ints, the posted query tile. */
@@ -109,27 +115,27 @@ typedef struct {
     uint32_t Q, K, V, Vt, O, bar_q, empty_q, o_free, full_k, full_v, empty_k, empty_v, full_vt, empty_vt, slot;
 } fa3_smem;
 
-/* Q_i's buffers: two at d = 128 (160 of 227 KiB), so that a block's next Q_i loads while
+/* Q_i's buffers: two at d = 64 and 128 (128 and 160 of 227 KiB), so that a block's next Q_i loads while
  * its last tile still reads the other; one at d = 256 (Q_i 32 KiB, the three rings 6 x 32 KiB:
  * 224 KiB; O_i then waits in Vt's ring), reloaded once the last tile's S products are done. */
-#define Q_BUFS(d) ((d) == 128 ? 2 : 1)
+#define Q_BUFS(d) ((d) <= 128 ? 2 : 1)
 static __host__ __device__ __forceinline__ size_t smem_bytes(int d)
 {
-    return (size_t)(Q_BUFS(d) * Br(d) + STAGES * 3 * Bc(d)) * d + (d == 128 ? Br(d) * d * 2 : 0)
-           + (5 + 6 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
+    return (size_t)(Q_BUFS(d) * Br(d) + STAGES * 2 * Bc(d)) * ROW8(d) + (size_t)STAGES * Bc(d) * d
+           + (d <= 128 ? Br(d) * d * 2 : 0) + (5 + 6 * STAGES) * sizeof(uint64_t) + 2 * sizeof(int);
 }
 
 static __device__ __forceinline__ fa3_smem smem_layout(int d)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     fa3_smem m;
-    const uint32_t tile = Bc(d) * d;   /* K_j, V_j and Vt_j alike */
+    const uint32_t tile = Bc(d) * ROW8(d);   /* K_j and V_j alike; Vt_j's is Bc d */
     m.Q = smem_u32(smem);
-    m.K = m.Q + Q_BUFS(d) * Br(d) * d;
+    m.K = m.Q + Q_BUFS(d) * Br(d) * ROW8(d);
     m.V = m.K + STAGES * tile;
     m.Vt = m.V + STAGES * tile;
-    m.O = m.Vt + STAGES * tile;   /* d = 128: O's own tile (o_place) */
-    m.bar_q = m.O + (d == 128 ? Br(d) * d * 2 : 0);
+    m.O = m.Vt + STAGES * Bc(d) * d;   /* d <= 128: O's own tile (o_place) */
+    m.bar_q = m.O + (d <= 128 ? Br(d) * d * 2 : 0);
     m.empty_q = m.bar_q + 16;
     m.o_free = m.bar_q + 32;
     m.full_k = m.bar_q + 40;
@@ -178,10 +184,10 @@ static __device__ __forceinline__ void load_tile(uint32_t ring, uint32_t full, u
                                                  const CUtensorMap *map, int b, int h_kv, int j,
                                                  int n, int d)
 {
-    const int bc = Bc(d), tile_bytes = bc * d, s = n % STAGES;
+    const int bc = Bc(d), tile_bytes = bc * ROW8(d), s = n % STAGES;
     mbar_wait(empty + 8 * s, (n / STAGES & 1) ^ 1);
     mbar_arrive_expect_tx(full + 8 * s, tile_bytes);
-    for (int c = 0; c < d / BOX_ROW; c++)
+    for (int c = 0; c < ROW8(d) / BOX_ROW; c++)
         tma_load_4d(ring + s * tile_bytes + c * bc * BOX_ROW, map, c * BOX_ROW, j * bc, h_kv, b,
                     full + 8 * s);
 }
@@ -246,12 +252,12 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
 }
 
 /* Where a tile's O (bf16, twice Q_i's bytes) waits for its store, as a 16-bit [Br][d] tile of
- * 64-column boxes: at d = 128 a tile of its own, free once the warpgroup's last store has read
+ * 64-column boxes: at d = 64 and 128 a tile of its own, free once the warpgroup's last store has read
  * it; at d = 256, where shared memory has no room for one, Vt's two stages (2 x 32 KiB), after
  * the consumers meet (BAR_ALL), until the stores have read it (o_free: the transposer waits). */
 static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, const int d)
 {
-    return d == 128 ? sm.O : sm.Vt;
+    return d <= 128 ? sm.O : sm.Vt;
 }
 
 /* Scores a query must not see become -inf: keys past N_k, and (causal) keys after the query.
@@ -312,13 +318,13 @@ static __device__ __forceinline__ void pack_p8(uint32_t pa[4], float s[][4], int
 static __device__ __forceinline__ void transpose_tile(const fa3_smem sm, int n, const int d)
 {
     const int s = n % STAGES, ph = n / STAGES & 1, warp = threadIdx.x / WARP % 4 - 1;   /* 0 .. 2 */
-    const int groups = Bc(d) / KEY_GROUP, tile_bytes = Bc(d) * d;
+    const int groups = Bc(d) / KEY_GROUP;
     mbar_wait(sm.full_v + 8 * s, ph);
     mbar_wait(sm.empty_vt + 8 * s, ph ^ 1);
     __syncwarp();   /* ldmatrix and stmatrix take the whole warp, converged */
 #pragma unroll 1
     for (int i = warp; i < groups * (d / COL_BLOCK); i += TRANSPOSERS)
-        transpose_v8(sm.V + s * tile_bytes, sm.Vt + s * tile_bytes, i % groups, i / groups, d);
+        transpose_v8(sm.V + s * Bc(d) * ROW8(d), sm.Vt + s * Bc(d) * d, i % groups, i / groups, d);
     fence_proxy_async();   /* this thread's stmatrix writes, read next by wgmma (async proxy) */
     __syncwarp();
     if (threadIdx.x % WARP == 0) {
@@ -353,7 +359,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
 {
     const attn_problem p = *c->p;
     const fa3_smem sm = smem_layout(d);   /* constants: the offsets of a fixed layout */
-    const int bc = Bc(d), tile_bytes = bc * d, lane = threadIdx.x % WARP;
+    const int bc = Bc(d), lane = threadIdx.x % WARP;
     const int n = c->n0 + j;   /* K_j's place in the rings' count */
     const int st = n % STAGES, ph = n / STAGES & 1;   /* K_j's stage and its phase's parity */
     const int pv = (n - 1) % STAGES, ph_v = (n - 1) / STAGES & 1;   /* Vt_{j-1}'s (j > 0) */
@@ -372,7 +378,7 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         /* Built once at the consumer's start, also at d = 256 (09's 80-key tile spilled so; this
          * one does not). */
         const uint64_t dQ = c->dQ;
-        const uint64_t dK = wgmma_desc_add(c->dK, st * tile_bytes);
+        const uint64_t dK = wgmma_desc_add(c->dK, st * bc * ROW8(d));
 #pragma unroll
         for (int k = 0; k < d / WGMMA_K8; k++) {   /* 32 bytes a k-step, 4 in a 128-byte box */
             const int box = k * WGMMA_K8 / BOX_ROW, in_box = k * WGMMA_K8 % BOX_ROW;
@@ -386,12 +392,13 @@ static __device__ __forceinline__ void consumer_step(const consumer *c, int j, f
         wgmma_commit();
     }
     if (has_pv) {   /* O += P_{j-1} V_{j-1}: the second, B = Vt_{j-1} K-major (keys along K) */
-        const uint64_t dVt = wgmma_desc_add(c->dVt, pv * tile_bytes);
+        const uint64_t dVt = wgmma_desc_add(c->dVt, pv * bc * d);
 #pragma unroll
         for (int k = 0; k < bc / WGMMA_K8; k++) {
             const uint64_t b_k = wgmma_desc_add(dVt, k * WGMMA_K8);
-            if (d == 128) wgmma8_rs_n128(&o[0][0], pa[k], b_k, 1);
-            else          wgmma8_rs_n256(&o[0][0], pa[k], b_k, 1);
+            if (d == 64)       wgmma8_rs_n64(&o[0][0], pa[k], b_k, 1);
+            else if (d == 128) wgmma8_rs_n128(&o[0][0], pa[k], b_k, 1);
+            else               wgmma8_rs_n256(&o[0][0], pa[k], b_k, 1);
         }
         wgmma_commit();
     }
@@ -555,7 +562,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
     for (int u = counted ? posted_tile(sm, 0, d) : (int)blockIdx.x; u < n_tiles;
          u = counted ? posted_tile(sm, c.t + 1, d) : n_tiles, c.t++) {
         const int qs = c.t % Q_BUFS(d);   /* this tile's Q_i buffer */
-        c.dQ = wgmma_desc_add(dQ, qs * Br(d) * d);
+        c.dQ = wgmma_desc_add(dQ, qs * Br(d) * ROW8(d));
         int h, i0;
         tile_of(p, G, u, d, &c.b, &h, &i0);
         c.h_kv = h / (p.H / p.H_kv);
@@ -624,7 +631,7 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
                                  c.row0, h, c.b);
                 bulk_commit();
                 bulk_wait_read_0();   /* the shared memory must keep O until the store has read it */
-                if (d == 256) mbar_arrive(sm.o_free);   /* d = 128: O's own tile, nobody waits */
+                if (d == 256) mbar_arrive(sm.o_free);   /* d <= 128: O's own tile, nobody waits */
             }
         } else {   /* each warp its own rows, as in 08; then the stage is free */
             __syncwarp();
@@ -660,11 +667,11 @@ static __device__ __forceinline__ void load_tiles(const attn_problem p, const at
         int u_next = n_tiles;
         if (lead) {
             const int qs = t % Q_BUFS(d);
-            const uint32_t Qt = sm.Q + qs * Br(d) * d, full_q = sm.bar_q + 8 * qs;
+            const uint32_t Qt = sm.Q + qs * Br(d) * ROW8(d), full_q = sm.bar_q + 8 * qs;
             mbar_wait(sm.empty_q + 8 * qs, (t / Q_BUFS(d) & 1) ^ 1);
             if (counted) post_tile(sm, t, u);
-            mbar_arrive_expect_tx(full_q, Br(d) * d);
-            for (int c = 0; c < d / BOX_ROW; c++)
+            mbar_arrive_expect_tx(full_q, Br(d) * ROW8(d));
+            for (int c = 0; c < ROW8(d) / BOX_ROW; c++)
                 tma_load_4d(Qt + c * Br(d) * BOX_ROW, tmQ, c * BOX_ROW, i0, h, b, full_q);
             /* The next tile, asked for now: the counter's answer arrives under the loads. */
             u_next = counted ? next_tile_of(a, u) : n_tiles;
@@ -791,6 +798,7 @@ typedef void (*attention_fn)(attn_problem, attn_args, int, const __grid_constant
          const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,       \
          const __grid_constant__ CUtensorMap tmO)                                                \
     { tiled_attention(p, a, G, &tmQ, &tmK, &tmV, &tmO, causal, d); }
+KERNEL(attention_64_e4m3, 64, -1)
 KERNEL(attention_128_e4m3, 128, -1)
 KERNEL(attention_256_e4m3, 256, -1)
 
@@ -837,17 +845,17 @@ static size_t vt_offset(void)
     return ((t > sizeof(int) ? t : sizeof(int)) + 255) / 256 * 256;
 }
 
-/* Whether the problem runs on a persistent grid: at d = 128, and at d = 256 without a causal
- * mask (as 09, whose causal d = 256 tiles ran 1-10% slower so). */
+/* Whether the problem runs on a persistent grid: at d = 64 and 128, and at d = 256 without a
+ * causal mask (as 09, whose causal d = 256 tiles ran 1-10% slower so). */
 static int persistent(const attn_problem *p)
 {
-    return PERSISTENT && (p->d == 128 || (p->d == 256 && !p->causal));
+    return PERSISTENT && (p->d <= 128 || !p->causal);
 }
 
 /* The kernel for the problem: one per head dim. */
 static attention_fn pick_forward(const attn_problem *p)
 {
-    return p->d == 128 ? attention_128_e4m3 : attention_256_e4m3;
+    return p->d == 64 ? attention_64_e4m3 : p->d == 128 ? attention_128_e4m3 : attention_256_e4m3;
 }
 
 static int check(const attn_problem *p, attn_dir dir, char *why)
@@ -869,9 +877,8 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
         snprintf(why, ATTN_WHY_LEN, "stage 11_fp8 runs e4m3 inputs only (--dtype e4m3)");
         return 1;
     }
-    if (p->d != 128 && p->d != 256) {
-        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 11_fp8 supports 128 and 256 (at 64 its 64-byte "
-                 "rows would need another swizzle)", p->d);
+    if (p->d != 64 && p->d != 128 && p->d != 256) {
+        snprintf(why, ATTN_WHY_LEN, "head dim %d: stage 11_fp8 supports 64, 128 and 256", p->d);
         return 1;
     }
     if (!(p->scale > 0.0f)) {   /* the running max is taken on unscaled scores */
@@ -945,7 +952,7 @@ static cudaError_t forward(const attn_problem *p, const attn_args *a, cudaStream
 ATTN_EXPORT const attn_stage stage_11_fp8 = {
     "11_fp8",
     "FlashAttention-3's fp8 forward: e4m3 products, V transposed for them once in HBM (in shared memory: OFF=pretranspose)",
-    "head dim 128 or 256; e4m3 in, bf16 out; any N; causal; GQA; forward only; compute capability 9.0 only",
+    "head dim 64, 128 or 256; e4m3 in, bf16 out; any N; causal; GQA; forward only; compute capability 9.0 only",
     90,
     check,
     workspace,
