@@ -26,8 +26,8 @@
 #      appended to both files.
 #   4. The masks: B = 2, H = 16, d = 128, N = 8192 (MASKS_N), bf16, forward and backward, one
 #      pattern after the other (MASK_PATTERNS): dense, dense causal, --mask random:0.5, 0.25,
-#      0.1, and --causal --window 4096 and 1024; the dense ones for MASKS_REF (06_fa2) and the
-#      programs with masks, the masked ones for the programs with masks (a dense stage refuses them: see
+#      0.1, and --causal --window 4096 and 1024; the dense ones for MASKS_REF (06_fa2 and
+#      10_fa3_backward, the dense parents of stages 12 and 13) and the programs with masks, the masked ones for the programs with masks (a dense stage refuses them: see
 #      accepts_masks), and PyTorch's FlexAttention (torch_flex, plots/anchors.py) on the
 #      identical masks: the block mask a stage ran with is saved by its run (--save:
 #      block_mask.npy) and handed to the anchor, every pattern to one python process (torch is
@@ -293,7 +293,7 @@ LONG_WINDOW=${LONG_WINDOW:-4096}
 LONG_WINDOW_NS=${LONG_WINDOW_NS:-$LONG_NS}
 LONG_ANCHOR_MAX_N=${LONG_ANCHOR_MAX_N:-131072}
 MASK_PATTERNS=${MASK_PATTERNS:-"dense causal random:0.5 random:0.25 random:0.1 window:4096 window:1024"}
-MASKS_REF=${MASKS_REF:-06_fa2}   # the dense stage the masks part also runs (unmasked patterns)
+MASKS_REF=${MASKS_REF:-"06_fa2 10_fa3_backward"}   # the dense stages the masks part also runs (unmasked patterns)
 MASKS_N=${MASKS_N:-8192}
 SWEEP=${SWEEP:-1}
 LONG=${LONG:-1}
@@ -644,6 +644,7 @@ pattern_args() {
 }
 
 count_words() { echo $# ; }
+is_ref() { case " $MASKS_REF " in *" $1 "*) return 0 ;; esac; return 1; }   # one of MASKS_REF
 # progress PART I TOTAL: "[PART I/TOTAL, 1m05s, ~3m20s left]": the part's elapsed time since
 # part_start and its estimate of the rest (elapsed / (I - 1) a point so far)
 part_start() { PART_T0=$(date +%s) cp_broken=; }
@@ -822,16 +823,16 @@ if [ "$MASKS" != 0 ]; then
         npat=$((npat + 1))
         [ -z "$PA_FLAGS" ] || nmasked=$((nmasked + 1))
     done
-    # the stages with masks, and MASKS_REF (the dense stage they are compared with): the
+    # the stages with masks, and MASKS_REF (the dense stages they are compared with): the
     # masks part measures nothing of the other dense stages
     nwin=0 ndense=0
     for s in $programs16; do
-        case $mask_programs in *" $s "*) nwin=$((nwin + 1)) ;; *) [ "$s" != "$MASKS_REF" ] || ndense=1 ;; esac
+        case $mask_programs in *" $s "*) nwin=$((nwin + 1)) ;; *) ! is_ref "$s" || ndense=$((ndense + 1)) ;; esac
     done
     total=$(( ((nwin + ndense) * (npat - nmasked) + nwin * nmasked) * $(count_words $DIRS) ))
     i=0
     for stage in $programs16; do
-        has_masks "$stage" || [ "$stage" = "$MASKS_REF" ] || continue
+        has_masks "$stage" || is_ref "$stage" || continue
         for dir in $DIRS; do
             for pat in $MASK_PATTERNS; do
                 pattern_args "$pat" >/dev/null || continue
