@@ -45,7 +45,8 @@
 # drawn over it dashed, with smaller points, and its key entry says "(= the other stage)"):
 #   tflops_{forward,backward}_d{64,128}.png  TFLOP/s vs N, one line per stage, cuBLAS and the
 #       two PyTorch anchors (dashed); left non-causal, right causal; dotted: the GEMM ceiling,
-#       labelled with its source (see CEILINGS)
+#       labelled with its source (see CEILINGS); below, the same on a linear axis for the
+#       stages whose rate at their largest N is at least 40% of the panel's highest point
 #   speedup.png        each step of the ladder, time of the parent / time of the stage, in the
 #       colour of the stage the step introduces (forward and backward, d = 128, non-causal; the
 #       parent is the stage the header names, plots/stage_diff.sh --parents, or where it has no
@@ -728,12 +729,19 @@ draw() {
     fi
 }
 
-# stage_lines P PREFIX [SUFFIX]: one series per stage that has DAT/PREFIX__<stage>.dat, in
-# ORDER, titled with the stage name
+# stage_lines P PREFIX [FLOOR]: one series per stage that has DAT/PREFIX__<stage>.dat, in
+# ORDER, titled with the stage name; with FLOOR, only the stages whose point at their largest
+# N is at least FLOOR times the highest point of all of them (the zoom on the fastest)
 stage_lines() {
+    top=$(for s in $ORDER; do [ ! -s "$DAT/${2}__$s.dat" ] || cat "$DAT/${2}__$s.dat"; done |
+        awk '$2 > m { m = $2 } END { print m + 0 }')
     for s in $ORDER; do
+        f=$DAT/${2}__$s.dat
+        [ -z "${3:-}" ] || [ ! -s "$f" ] ||
+            awk -v t="$(awk -v a="$top" -v b="$3" 'BEGIN { print a * b }')" '$1 + 0 >= n { n = $1 + 0; y = $2 } END { exit y < t }' "$f" ||
+            continue
         i=$(lt_of "$s")
-        series "$1" "$DAT/${2}__$s.dat" "$i" "$s" "$((i * 10))"
+        series "$1" "$f" "$i" "$s" "$((i * 10))"
     done
 }
 
@@ -753,6 +761,13 @@ for dir in forward backward; do
         panel 1 "causal (TFLOP/s of the visible half)" "TFLOP/s" "%g" 0
         stage_lines 1 "tf_${dir}_d${d}_c1"
         hline 1 "$ceiling" "$ceiling_title" "$ceiling_label"
+        # below, the same on a linear axis: the stages that end above 40% of the fastest
+        panel 2 "non-causal, the fastest (linear axis)" "TFLOP/s" "%g" -1
+        stage_lines 2 "tf_${dir}_d${d}_c0" 0.4
+        hline 2 "$ceiling" "$ceiling_title" "$ceiling_label"
+        panel 3 "causal, the fastest (linear axis)" "TFLOP/s" "%g" -1
+        stage_lines 3 "tf_${dir}_d${d}_c1" 0.4
+        hline 3 "$ceiling" "$ceiling_title" "$ceiling_label"
         draw "$PLOTS_DIR/tflops_${dir}_d$d.png" "$dir, head dim $d: $shape\n$SRC_MAIN"
     done
 done
