@@ -20,12 +20,14 @@
  *   H100), about level at d = 64 (the exponentials bound both); O within e4m3's tolerance.
  * Head dims 64, 128 and 256: at d = 64 the rows of Q_i, K_j (and V_j) take a whole 128-byte
  *   box in shared memory, the TMA filling its second half with zeros, and S takes 2 k-steps of
- *   it: one swizzle for every head dim. bf16 and fp16 are refused (attn_stage.fp8 = ATTN_FP8_ONLY). Knobs as 09 but ws and lazy, and
- *   pretranspose: make build/11_fp8 OFF=persistent|tma_store|pingpong|overlap|pretranspose.
+ *   it: one swizzle for every head dim. bf16 and fp16 are refused (attn_stage.fp8 =
+ *   ATTN_FP8_ONLY). Knobs as 09 but ws and lazy, and pretranspose:
+ *   make build/11_fp8 OFF=persistent|tma_store|pingpong|overlap|pretranspose.
  * Memory: L, an int (the tile counter) and Vt (as many bytes as V). Shared memory (smem_bytes):
- *   d = 64: as d = 128 but Vt_j and O_i of half the bytes = 128 KiB; d = 128: two Q_i (2 x 16 KiB), K_j, V_j, Vt_j rings (3 x 2 x 16), O_i (32) = 160 KiB;
- *   d = 256: one Q_i (32), the rings (3 x 2 x 32) = 224 KiB, O_i staged in Vt's ring. V_j's
- *   ring is used by OFF=pretranspose only.
+ *   d = 128: two Q_i (2 x 16 KiB), K_j, V_j, Vt_j rings (3 x 2 x 16), O_i (32) = 160 KiB;
+ *   d = 64: as d = 128 but Vt_j and O_i of half the bytes = 128 KiB; d = 256: one Q_i (32),
+ *   the rings (3 x 2 x 32) = 224 KiB, O_i staged in Vt's ring. V_j's ring is used by
+ *   OFF=pretranspose only.
  *
  * Run: make build/11_fp8 && build/11_fp8 --dtype e4m3 --seqlen 8192 --dim 128 --check --bench
  *      build/11_fp8 --dtype e4m3 --seqlen 8192 --dim 256 --causal --inputs outliers --hadamard --check
