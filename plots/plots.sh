@@ -78,10 +78,11 @@
 #   masks.png          the masked runs (the masks CSV: B = 2, H = 16, d = 128, N = 8192):
 #       time per call against the fraction of (query, key) pairs the mask leaves visible,
 #       forward and backward, for the stages with masked rows, the anchor torch_flex and
-#       MASKS_REF (06_fa2, dense only); a line through each one's non-causal masks (dense,
-#       then the random block masks), open points for its causal ones (dense causal, the
-#       sliding window), each mask named once; dotted: MASKS_REF's dense time x the fraction,
-#       what a block-sparse kernel at dense FA-2's speed would take. Skipped, with a line,
+#       MASKS_REF (06_fa2 and 10_fa3_backward, dense only); a line through each one's
+#       non-causal masks (dense, then the random block masks), open points for its causal ones
+#       (dense causal, the sliding window), each mask named once; dotted, in each MASKS_REF
+#       stage's colour: its dense time x the fraction, what a block-sparse kernel at that dense
+#       stage's speed would take. Skipped, with a line,
 #       while there is no masks CSV.
 # Every heading ends with the SOURCES line of the CSVs the figure reads.
 #
@@ -177,8 +178,9 @@ fi
 LONG=${RESULTS_LONG_CSV:-${MAIN%.csv}-long.csv}
 BYTES=${RESULTS_BYTES_CSV:-${MAIN%.csv}-bytes.csv}
 MASKS=${RESULTS_MASKS_CSV:-${MAIN%.csv}-masks.csv}
-# the dense reference of masks.png: FA-2 (its dense rows in the masks CSV)
-MASKS_REF=${MASKS_REF:-06_fa2}
+# the dense references of masks.png: stages 12's and 13's parents (their dense rows in the
+# masks CSV)
+MASKS_REF=${MASKS_REF:-"06_fa2 10_fa3_backward"}
 # long_context.png: the N where 01_naive's memory is marked (the bench's longest N)
 NAIVE_MARK_N=1048576
 
@@ -552,10 +554,11 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
     # masks: for each stage drawn (MASKS_REF, torch_flex, and every stage with a masked row),
     # mk_<dir>_line__<stage> (x the visible fraction, y ms: the non-causal masks, dense and
     # block masks), mk_<dir>_open__<stage> (the causal ones: dense causal, windows),
-    # mk_<dir>_ideal__ref (MASKS_REF's dense ms x the fraction, at the smallest fraction and at
-    # 1), mk_<dir>_up / mk_<dir>_down (each mask's name, over its highest point or under its
+    # mk_<dir>_ideal__<ref> (each MASKS_REF stage's dense ms x the fraction, at the smallest
+    # fraction and at 1), mk_<dir>_up / mk_<dir>_down (each mask's name, over its highest point or under its
     # lowest), and mkticks (the x tics: the fractions to 2 digits, none closer than 1.3x).
-    [ -z "$MASKS" ] || awk -F, -v ref="$MASKS_REF" "$MASKS_AWK"'
+    [ -z "$MASKS" ] || awk -F, -v refs="$MASKS_REF" "$MASKS_AWK"'
+        BEGIN { nref = split(refs, rl, " "); for (i = 1; i <= nref; i++) isref[rl[i]] = 1 }
         FNR == 1 || $10 == 0 || $15 != "ok" { next }
         {
             key = mask_key($16); f = mask_fraction($8, $11, $16)
@@ -563,10 +566,11 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
             if (key != "") want[$2] = 1
             row[++nr] = $2 SUBSEP $3 SUBSEP pat; x[nr] = f; y[nr] = $12 + 0
             name[pat] = mask_label($11, key); up[pat] = $11 == 0 && mask_window(key) == 0
-            if ($2 == ref && key == "" && $11 == 0) dense[$3] = $12
+            if (($2 in isref) && key == "" && $11 == 0) dense[$2, $3] = $12
         }
         END {
-            want[ref] = 1; want["torch_flex"] = 1
+            for (s in isref) want[s] = 1
+            want["torch_flex"] = 1
             lo = 1
             for (r = 1; r <= nr; r++) {
                 split(row[r], a, SUBSEP); s = a[1]; dir = a[2]; pat = a[3] SUBSEP a[4]
@@ -584,9 +588,10 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
                 if (up[pat]) val["mk_" a[1] "_up", at[k]] = hi[k] " \"" name[pat] "\""
                 else val["mk_" a[1] "_down", at[k]] = lw[k] " \"" name[pat] "\""
             }
-            for (dir in dense) {
-                val["mk_" dir "_ideal__ref", lo] = dense[dir] * lo
-                val["mk_" dir "_ideal__ref", 1] = dense[dir]
+            for (k in dense) {
+                split(k, a, SUBSEP)
+                val["mk_" a[2] "_ideal__" a[1], lo] = dense[k] * lo
+                val["mk_" a[2] "_ideal__" a[1], 1] = dense[k]
             }
             nt = 0; for (t in tick) tl[++nt] = t + 0
             for (i = 2; i <= nt; i++) for (j = i; j > 1 && tl[j - 1] > tl[j]; j--) { t = tl[j]; tl[j] = tl[j - 1]; tl[j - 1] = t }
@@ -934,9 +939,12 @@ if [ -n "$MASKS" ]; then
                 key 970 "NaN with points lc rgb '#000000' pt 6 ps 1.6 lw 2 title \"causal masks (open points)\""
             fi
         done
-        if points "$p" "$DAT/mk_${dir}_ideal__ref.dat" "lines dt 3 lw 1.5 lc rgb '#666666'"; then
-            key 990 "NaN with lines dt 3 lw 1.5 lc rgb '#666666' title \"$MASKS_REF dense time x the fraction\""
-        fi
+        for s in $MASKS_REF; do
+            i=$(lt_of "$s")
+            if points "$p" "$DAT/mk_${dir}_ideal__$s.dat" "lines dt 3 lw 1.5 lt $i"; then
+                key "$((990 + i))" "NaN with lines dt 3 lw 1.5 lt $i title \"$s dense time x the fraction\""
+            fi
+        done
         for ud in up down; do
             f=$DAT/mk_${dir}_$ud.dat
             [ -s "$f" ] || continue
