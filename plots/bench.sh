@@ -27,7 +27,8 @@
 #   4. The masks: B = 2, H = 16, d = 128, N = 8192 (MASKS_N), bf16, forward and backward, one
 #      pattern after the other (MASK_PATTERNS): dense, dense causal, --mask random:0.5, 0.25,
 #      0.1, and --causal --window 4096 and 1024; the dense ones for MASKS_REF (06_fa2 and
-#      10_fa3_backward, the dense parents of stages 12 and 13) and the programs with masks, the masked ones for the programs with masks (a dense stage refuses them: see
+#      10_fa3_backward, the dense parents of stages 12 and 13) and the programs with masks,
+#      the masked ones for the programs with masks (a dense stage refuses them: see
 #      accepts_masks), and PyTorch's FlexAttention (torch_flex, plots/anchors.py) on the
 #      identical masks: the block mask a stage ran with is saved by its run (--save:
 #      block_mask.npy) and handed to the anchor, every pattern to one python process (torch is

@@ -8,9 +8,9 @@
 #     styles.gp   the `set linetype` of every stage (the same look in every figure)
 #     vars.gp     out (the PNG), heading (the figure's title, any number of lines: "\n"
 #                 breaks it; plots/plots.sh ends it with the line naming its CSVs and their
-#                 date), panels (1, 2, or 4: two rows of two, 0 and 1 above 2 and 3), xkind ('N', the default: x is the sequence length
-#                 N; 'fraction': x is the visible fraction of (query, key) pairs, masks.png),
-#                 and per panel p = 0, 1:
+#                 date), panels (1, 2, or 4: two rows of two, 0 and 1 above 2 and 3),
+#                 xkind ('N', the default: x is the sequence length N; 'fraction': x is the
+#                 visible fraction of (query, key) pairs, masks.png), and per panel p:
 #                   ptitle<p>   panel title
 #                   ylabel<p>   y axis label
 #                   yformat<p>  tic format of the y axis ('%g'; '%.0b %BB' for bytes)
