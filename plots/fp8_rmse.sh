@@ -15,12 +15,12 @@
 # CSV: gpu,stage,d,N,inputs,hadamard,rmse,rms_o,check,status ("ok", or "refused" / "failed"
 # with the rmse empty). The file is written when the last run is done.
 # Environment: BUILD_DIR (build), RESULTS_DIR (plots/results), GPU_NAME (nvidia-smi's),
-# BENCH_COMMIT (the commit measured; default: git's HEAD, if any), RMSE_DIMS ("128 256").
+# BENCH_COMMIT (the commit measured; default: git's HEAD, if any), RMSE_DIMS ("64 128 256").
 set -u
 cd "$(dirname "$0")/.." || exit 2
 BUILD_DIR=${BUILD_DIR:-build}
 RESULTS_DIR=${RESULTS_DIR:-plots/results}
-DIMS=${RMSE_DIMS:-"128 256"}
+DIMS=${RMSE_DIMS:-"64 128 256"}
 SHAPE="--batch 1 --heads 8 --seqlen 2048"
 GPU_NAME=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)}
 [ -n "$GPU_NAME" ] || { echo "fp8_rmse: no GPU (nvidia-smi names none)" >&2; exit 2; }
