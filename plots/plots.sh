@@ -82,8 +82,7 @@
 #       non-causal masks (dense, then the random block masks), open points for its causal ones
 #       (dense causal, the sliding window), each mask named once; dotted, in each MASKS_REF
 #       stage's colour: its dense time x the fraction, what a block-sparse kernel at that dense
-#       stage's speed would take. Skipped, with a line,
-#       while there is no masks CSV.
+#       stage's speed would take. Skipped, with a line, while there is no masks CSV.
 # Every heading ends with the SOURCES line of the CSVs the figure reads.
 #
 # ROWS DATE: the CSVs have no date column. The date of a CSV's rows is the date of the last
@@ -555,8 +554,8 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
     # mk_<dir>_line__<stage> (x the visible fraction, y ms: the non-causal masks, dense and
     # block masks), mk_<dir>_open__<stage> (the causal ones: dense causal, windows),
     # mk_<dir>_ideal__<ref> (each MASKS_REF stage's dense ms x the fraction, at the smallest
-    # fraction and at 1), mk_<dir>_up / mk_<dir>_down (each mask's name, over its highest point or under its
-    # lowest), and mkticks (the x tics: the fractions to 2 digits, none closer than 1.3x).
+    # fraction and at 1), mk_<dir>_up / mk_<dir>_down (each mask's name, over its highest
+    # point or under its lowest), and mkticks (the x tics: the fractions to 2 digits, none closer than 1.3x).
     [ -z "$MASKS" ] || awk -F, -v refs="$MASKS_REF" "$MASKS_AWK"'
         BEGIN { nref = split(refs, rl, " "); for (i = 1; i <= nref; i++) isref[rl[i]] = 1 }
         FNR == 1 || $10 == 0 || $15 != "ok" { next }
@@ -738,13 +737,13 @@ draw() {
 # ORDER, titled with the stage name; with FLOOR, only the stages whose point at their largest
 # N is at least FLOOR times the highest point of all of them (the zoom on the fastest)
 stage_lines() {
-    top=$(for s in $ORDER; do [ ! -s "$DAT/${2}__$s.dat" ] || cat "$DAT/${2}__$s.dat"; done |
-        awk '$2 > m { m = $2 } END { print m + 0 }')
+    [ -z "${3:-}" ] || floor=$(for s in $ORDER; do [ ! -s "$DAT/${2}__$s.dat" ] || cat "$DAT/${2}__$s.dat"; done |
+        awk -v b="$3" '$2 > m { m = $2 } END { print m * b }')
     for s in $ORDER; do
         f=$DAT/${2}__$s.dat
+        # with FLOOR: the stage's point at its largest N, against the floor
         [ -z "${3:-}" ] || [ ! -s "$f" ] ||
-            awk -v t="$(awk -v a="$top" -v b="$3" 'BEGIN { print a * b }')" '$1 + 0 >= n { n = $1 + 0; y = $2 } END { exit y < t }' "$f" ||
-            continue
+            awk -v t="$floor" '$1 + 0 >= n { n = $1 + 0; y = $2 } END { exit y < t }' "$f" || continue
         i=$(lt_of "$s")
         series "$1" "$f" "$i" "$s" "$((i * 10))"
     done
