@@ -33,6 +33,10 @@
 #   STAGE io           forward, d = 128, non-causal, the sweep's N: measured ms next to the
 #                      modelled bytes (Q, K, V, O, L once; the stage's traffic beyond that; the
 #                      total) and modelled bytes / measured time; "-" for a stage without a model
+#   STAGE tile cost vs OTHER  what a tile costs beyond its keys, from the sweep at d = 128,
+#                      non-causal: per N below 8192, each program's TFLOP/s over its own at
+#                      N = 8192, forward and backward, and in brackets c, the fixed cost of a
+#                      tile in keys or query rows if a tile takes time in proportion to N + c
 #   STAGE bytes        one forward call's DRAM bytes as Nsight Compute counted them (the bytes
 #                      CSV: d = 128, non-causal, B = 16384/N, H = 16): N, B, measured read,
 #                      measured written, modelled read + written, measured / modelled
@@ -352,6 +356,38 @@ gen() {
         # GB (10^9 bytes), 3 significant digits
         function gb(x) { return sig3(x / 1e9) " GB" }
         # forward, d = 128, non-causal: measured ms next to the model of plots/bytes_model.awk
+        # STAGE tile cost vs OTHER: what a tile costs beyond its keys, from the sweep at head dim
+        # 128 (non-causal): per N below M = 8192, the TFLOP/s of each program over its own at M, and
+        # c, the fixed cost of a tile (a query tile forward, a key tile backward) in keys or
+        # query rows, if a tile takes a time proportional to N + c: the ratio is then
+        # N (M + c) / (M (N + c)), so c = N M (1 - ratio) / (ratio M - N)
+        function table_tilecost(s, o,   M, i, n, di, dir, pi, p, a, r, c, line, hdr, sep) {
+            M = 8192
+            hdr = "| N |"; sep = "|--:|"
+            for (di = 1; di <= 2; di++)
+                for (pi = 1; pi <= 2; pi++) {
+                    hdr = hdr " " (di == 1 ? "forward" : "backward") ": " (pi == 1 ? s : o) " |"
+                    sep = sep "--:|"
+                }
+            out(""); out(hdr); out(sep)
+            for (i = 1; i <= nn; i++) {
+                n = ns[i]
+                if (n >= M) continue
+                line = "| " n " |"
+                for (di = 1; di <= 2; di++)
+                    for (pi = 1; pi <= 2; pi++) {
+                        dir = di == 1 ? "forward" : "backward"; p = pi == 1 ? s : o
+                        a = p SUBSEP dir SUBSEP 128 SUBSEP 0
+                        if (st[a, n] != "ok" || st[a, M] != "ok" || tf[a, M] <= 0) { line = line " - |"; continue }
+                        r = tf[a, n] / tf[a, M]
+                        c = r < 1 && r * M > n ? sprintf("%.0f", n * M * (1 - r) / (r * M - n)) : "-"
+                        line = line " " sig3(r) " (" c ") |"
+                    }
+                out(line)
+            }
+            out("")
+            source("TFLOP/s at N over the same program'"'"'s at N = " M "; in brackets c, a tile'"'"'s fixed cost in keys (forward: a query tile'"'"'s) or query rows (backward: a key tile'"'"'s), if a tile takes time in proportion to N + c; head dim 128, non-causal, bf16, B = 16384/N, H = 16" runs_clause(s, o))
+        }
         function table_io(s,   i, n, k, b, h, once, tot, has) {
             has = bm_has(s)
             out(""); out("| N | B | measured ms | Q, K, V, O, L once | " (has ? bm_extra(s, 128) : "beyond that (no model)") " | modelled total | total / measured time |")
@@ -749,7 +785,12 @@ gen() {
             else if (nw == 2 && w[2] == "workspace") table_workspace(w[1])
             else if (nw == 2 && w[2] == "long") table_long(w[1], "c0")
             else if (nw == 2 && w[2] == "io") table_io(w[1])
-            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE bytes, bytes, ab FILE, STAGE sass, STAGE ncu, STAGE ncu vs OTHER, STAGE deterministic)")
+            else if (nw == 5 && w[2] == "tile" && w[3] == "cost" && w[4] == "vs") {
+                w[5] = resolve(w[5])
+                if (!(w[5] in seen)) { fail("stage " w[5] " has no rows in " main); return }
+                table_tilecost(w[1], w[5])
+            }
+            else fail("unknown numbers spec \"" text "\" (STAGE, STAGE vs OTHER, STAGE ms, STAGE workspace, STAGE long, STAGE long causal, STAGE long window, STAGE masks, STAGE io, STAGE tile cost vs OTHER, STAGE bytes, bytes, ab FILE, STAGE sass, STAGE ncu, STAGE ncu vs OTHER, STAGE deterministic)")
         }
         # the bytes CSV: gpu,stage,direction,dtype,B,H,N,d,causal,kernels,dram_read_bytes,
         # dram_write_bytes,status,note; forward, non-causal rows (the last row of a shape wins)
