@@ -355,7 +355,6 @@ gen() {
         }
         # GB (10^9 bytes), 3 significant digits
         function gb(x) { return sig3(x / 1e9) " GB" }
-        # forward, d = 128, non-causal: measured ms next to the model of plots/bytes_model.awk
         # STAGE tile cost vs OTHER: what a tile costs beyond its keys, from the sweep at head dim
         # 128 (non-causal): per N below M = 8192, the TFLOP/s of each program over its own at M, and
         # c, the fixed cost of a tile (a query tile forward, a key tile backward) in keys or
@@ -388,6 +387,7 @@ gen() {
             out("")
             source("TFLOP/s at N over the same program'"'"'s at N = " M "; in brackets c, a tile'"'"'s fixed cost in keys (forward: a query tile'"'"'s) or query rows (backward: a key tile'"'"'s), if a tile takes time in proportion to N + c; head dim 128, non-causal, bf16, B = 16384/N, H = 16" runs_clause(s, o))
         }
+        # forward, d = 128, non-causal: measured ms next to the model of plots/bytes_model.awk
         function table_io(s,   i, n, k, b, h, once, tot, has) {
             has = bm_has(s)
             out(""); out("| N | B | measured ms | Q, K, V, O, L once | " (has ? bm_extra(s, 128) : "beyond that (no model)") " | modelled total | total / measured time |")
