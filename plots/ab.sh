@@ -9,6 +9,7 @@
 #   e.g. sh plots/ab.sh 3 "--batch 2 --heads 32 --seqlen 8192 --dim 64 --mask random:0.1" -- \
 #          13_hopper_masks=build/13_hopper_masks "OFF=skip=build/noskip/13_hopper_masks"
 # NAME is everything before the last '='. A call that prints no time stops the log (exit 2).
+# BENCH_COMMIT: the commit measured (default: git's HEAD, if any).
 set -u
 [ $# -ge 4 ] || { echo "usage: sh plots/ab.sh ROUNDS \"ARGS\" ... -- NAME=PROGRAM ..." >&2; exit 2; }
 rounds=$1; shift
@@ -26,7 +27,7 @@ for v in "$@"; do
     nv=$((nv + 1)); eval "name_$nv=\$name; prog_$nv=\$prog"
 done
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $gpu; commit $(git rev-parse --short HEAD 2>/dev/null)"
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $gpu; commit ${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 i=1; while [ $i -le $nv ]; do eval "echo \"# \$name_$i: \$prog_$i\""; i=$((i + 1)); done
 r=1
 while [ $r -le "$rounds" ]; do

@@ -12,7 +12,8 @@
  *   The walking grid takes an L2 section's tiles longest list first (sort_tiles). An empty list
  *   runs one fully masked step: O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
- *   an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
+ *   a consumer reads a stored step during the one before, ahead of that step's dQ atomics (a
+ *   read behind them waits for them); an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
  *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn) and handed
  *   by the consumers to the writer beside their slice; the walks are not rotated.
  * Why: exact attention at a fraction of the work, on the Hopper pipeline rather than mma.sync.
@@ -87,6 +88,10 @@
 /* And this one's: at d = 64 a consumer skips the steps it does not see (SKIPS). */
 #ifndef SKIP   /* knob: OFF=skip, every consumer takes every listed step */
 #define SKIP 1
+#endif
+/* The backward's: a consumer reads a stored step's entry during the step before (READ_AHEAD). */
+#ifndef READ_AHEAD   /* knob: OFF=read_ahead, read at the step's start, after the last atomics */
+#define READ_AHEAD 1
 #endif
 
 /* The share of L2 (50 MiB on the H200) that one section of the causal order's heads may fill
@@ -1369,7 +1374,7 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
                                                 float *dq_acc, int turn, const band w, int c, int b,
                                                 int h, int i0, int j0, int st, int t, float dk[][4],
                                                 float dv[][4], const int masked, const int d,
-                                                const int fp16, const int wr)
+                                                const int fp16, const int wr, const int *next, int *e_next)
 {
     const bwd_smem sm = bwd_layout(d, wr);
     const int br = BWD_Br(d), lane = threadIdx.x % WARP, warp = threadIdx.x / WARP % 4;
@@ -1496,6 +1501,9 @@ static __device__ __forceinline__ void bwd_step(const attn_problem *p, const att
     TRACE_AT(a, 0, t, 5);
     /* dO_i (and D_i) are read: every consumer thread releases them. */
     mbar_arrive(sm.o_empty + 8 * st);
+    /* The next step's list entry, read before this step's dQ atomics: a read after them waits
+     * until they have left the SM. */
+    if (next) *e_next = __ldg(next);
 
     /* dQ_i's part, added to the accumulator: a 16-byte red.global.add.f32 per n, a warp's
      * atomics on 512 consecutive bytes (the accumulator's layout), or (wr) handed to the
@@ -1623,12 +1631,22 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     mbar_wait(sm.kv, 0);
     /* The steps that need the mask: keys past N_k (the last key tile), or a query tile that some
      * edge of the band crosses (band_cuts). */
+    const int *list = bl.entry ? bl.entry + (size_t)v * bl.cap : NULL;
+    int e_next = list && steps > 0 ? __ldg(list) : 0;
     for (int t = 0; t < steps; t++) {
-        /* A stored step is read from its list here (in order: most reads hit L1), not passed
-         * by the producer through shared memory as the forward's entries: with that, the d = 64
-         * consumers spill 48 bytes (ptxas, nvcc 13.0). */
+        /* A stored step is read from its list one step ahead (in order: most reads hit L1), not
+         * passed by the producer through shared memory as the forward's entries: with that, the
+         * d = 64 consumers spill 48 bytes (ptxas, nvcc 13.0). */
         int g, qt;
-        bwd_step_of(bl, v, t, per_head, first, n_t, &g, &qt);
+        if (list) {
+            if (!READ_AHEAD) e_next = __ldg(list + t);
+            g = e_next / n_t;
+            qt = e_next % n_t;
+        } else {
+            g = t / per_head;
+            qt = first + t % per_head;
+        }
+        const int *next = READ_AHEAD && list && t + 1 < steps ? list + t + 1 : NULL;
         const int h = h_kv * group + g, i0 = qt * br, st = t % STAGES, ph = t / STAGES & 1;
         const int turn = sem ? bwd_turn(&p, &a, bl, b, h, j0 / BWD_Bc, qt, br) : 0;
         TRACE_AT(&a, 0, t, 0);
@@ -1636,9 +1654,9 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
         mbar_wait(sm.o_full + 8 * st, ph);
         TRACE_AT(&a, 0, t, 1);
         if (band_cuts(p, w, i0, min(i0 + br, p.N_q) - 1, j0, j0 + BWD_Bc))
-            bwd_step(&p, &a, dq_acc, turn, w, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16, wr);
+            bwd_step(&p, &a, dq_acc, turn, w, c, b, h, i0, j0, st, t, dk, dv, 1, d, fp16, wr, next, &e_next);
         else
-            bwd_step(&p, &a, dq_acc, turn, w, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16, wr);
+            bwd_step(&p, &a, dq_acc, turn, w, c, b, h, i0, j0, st, t, dk, dv, 0, d, fp16, wr, next, &e_next);
     }
 
     /* dK_j = scale sum dSᵀ Q_i and dV_j = sum Pᵀ dO_i, rounded, into K_j's and V_j's tiles once
