@@ -13,9 +13,10 @@
  *   runs one fully masked step: O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
  *   a consumer reads a stored step during the one before, ahead of that step's dQ atomics (a
- *   read behind them waits for them); an empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
- *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn) and handed
- *   by the consumers to the writer beside their slice; the walks are not rotated.
+ *   read behind them waits for them); an empty list writes dK = dV = 0. --deterministic: a
+ *   query tile's key tiles add in key order (causal: reversed), its turn counted among the key
+ *   tiles that list it (bwd_turn) and handed by the consumers to the writer beside their slice;
+ *   the walks are not rotated.
  * Why: exact attention at a fraction of the work, on the Hopper pipeline rather than mma.sync.
  * Expected: time follows the visible tiles; a window W makes it linear in N. Goals: >= 1.0x
  *   FlexAttention per mask (met); visible pairs at >= 0.9x 10_fa3_backward's rate (met at
