@@ -1370,7 +1370,8 @@ static __device__ __forceinline__ void sem_wait(const int *s, int turn)
 
 /* Step t of consumer c: query rows i0 .., head h; stage st of the rings, dSᵀ buffer t % 2.
  * masked (a literal at each call) masks the scores of keys outside the band w (causal, the
- * window) and keys past N_k. dk, dv: this consumer's 64 keys x d accumulators. */
+ * window) and keys past N_k. dk, dv: this consumer's 64 keys x d accumulators. next: the
+ * next step's list entry, read into *e_next before the dQ atomics (NULL: none to read). */
 static __device__ __forceinline__ void bwd_step(const attn_problem *p, const attn_args *a,
                                                 float *dq_acc, int turn, const band w, int c, int b,
                                                 int h, int i0, int j0, int st, int t, float dk[][4],
