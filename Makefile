@@ -1,8 +1,8 @@
 # flash-stages: GNU make.
 #
-#   make                  every stage program build/<stage> and build/cublas
-#   make build/03_tiled   one stage (build/<stage>.ptxas.log gets ptxas' register/spill report;
-#                         a Hopper stage also leaves its PTX in build/<stage>.ptx)
+#   make                  every stage program build/<stage> and build/cublas, and each Hopper
+#                         stage's PTX, build/<stage>.ptx (the static check reads it)
+#   make build/03_tiled   one stage (build/<stage>.ptxas.log gets ptxas' register/spill report)
 #   make build/03_tiled BR=32 BC=128   stage 3 (and 4, BR only) with other tile sizes; make
 #                         again without them to go back (the objects remember the knobs)
 #   make build/08_fa3 TRACE=1   a warp-specialised stage able to record its pipeline's timeline
@@ -61,7 +61,7 @@ CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-format-truncation -D_POSIX_C_SOURC
 LDLIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lm
 CUBLAS_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas
 
-DEV_HDRS := common/attn.h common/attn_device.cuh $(wildcard common/mma.cuh common/hopper.cuh common/trace.cuh)
+DEV_HDRS := common/attn.h common/attn_device.cuh $(wildcard common/mma.cuh common/mma_tiles.cuh common/hopper.cuh common/trace.cuh)
 LIB_SRCS := $(filter-out common/main.c,$(wildcard common/*.c))
 LIB_OBJS := $(patsubst common/%.c,$(OBJ)/lib_%.o,$(LIB_SRCS))
 LIB      := $(BUILD)/libharness.a

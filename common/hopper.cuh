@@ -89,7 +89,9 @@ static inline int hopper_tensor_map(CUtensorMap *map, const void *base, attn_dty
 }
 
 /* The same for a tensor of 1-byte elements (e4m3): boxes of 128 columns (128 bytes) x box_rows
- * rows, 128-byte swizzled; d a multiple of 128. 0 on success. */
+ * rows, 128-byte swizzled; d (bytes a row) a multiple of 16, as the strides must be (stage 11:
+ * d = 64, 128, 256, and Vt's Np keys); where d < 128 the box's columns past d read as zeros.
+ * 0 on success. */
 static inline int hopper_tensor_map_8bit(CUtensorMap *map, const void *base, int d, int N, int heads,
                                          int B, int box_rows)
 {

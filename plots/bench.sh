@@ -230,8 +230,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/bench.XXXXXX") || exit 2
 cp_stage= cp_pid=
 cp_kill() { [ -z "$cp_pid" ] || kill "$cp_pid" 2>/dev/null; cp_stage= cp_pid=; }
 trap 'cp_kill; rm -rf "$WORK"' EXIT
-# Interrupted (e.g. by `timeout` at the end of a device lease): with MERGE=1 the rows measured
-# so far are merged in, since each one is complete; otherwise they stay in the .part file.
+# Interrupted (e.g. by `timeout`): with MERGE=1 the rows measured so far are merged in, since
+# each one is complete; otherwise they stay in the .part file.
 ACTIVE_CSV= ACTIVE_RUN=
 on_interrupt() {
     cp_kill
@@ -669,8 +669,7 @@ if [ "$FP8" = 1 ] && in_words forward $DIRS; then sweep_fp8=$fp8_programs; fi
 [ "$FP8" != 1 ] || [ -n "$sweep_fp8" ] || echo "bench: FP8=1, but no e4m3 points: no program runs e4m3 (or DIRS has no forward)"
 # what this run measures, for the .runs file of each CSV it writes (see finish_csv): the sweep's
 # and the long context's line (their anchors: SDPA's), and the masks' (its anchor: flex);
-# "clock settled": timed by the settling protocol (common/runner.c; runs before 2026-12-01
-# 07:00 UTC timed 50 ms of warm-up, and the anchors earlier)
+# "clock settled": timed by the settling protocol (common/runner.c)
 RUN_DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
 BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
 RUN_DATE="$RUN_DATE; $GPU_NAME; commit ${BENCH_COMMIT:-unknown}"

@@ -131,8 +131,7 @@
 #                  bytes read + written, in its note ("bytes read + written = B"); no figure
 #                  draws it (none has a bandwidth axis); the lessons' io tables quote it when
 #                  the row is there (plots/docs_tables.sh), and say nothing of it when it is
-#                  not (the first 2026-11-30 H200 run wrote none; the row in the H200 CSV is
-#                  the second run's)
+#                  not.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 # The GPU whose CSVs are read (see "Which GPU" above): empty is the default, the one GPU

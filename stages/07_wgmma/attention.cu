@@ -12,12 +12,13 @@
  *   O_i += P_ij V_j with P_ij from S's accumulators in registers.
  * The structure stays synchronous: every warpgroup waits for its own products before the
  * softmax, and one barrier per tile frees the ring's oldest stage. Overlap is stage 8's lesson.
- * Tiles: Br = 128 (2 warpgroups, 256 threads, one block per SM: up to 255 registers a thread for
- *   64 x d accumulators of O plus 64 x Bc of S), Bc = 128 keys for d = 64 and 128, 64 for d = 256
- *   (O takes 128 registers there).
+ * Tiles: Br = 128 (2 warpgroups, 256 threads; one block per SM, up to 255 registers a thread for
+ *   64 x d accumulators of O plus 64 x Bc of S; two at d = 64, 128 registers), Bc = 128 keys for
+ *   d = 64 and 128, 64 for d = 256 (O takes 128 registers there).
  * Why: mma.sync is a warp-wide 16 x 8 x 16 product whose operands pass through registers;
  *   wgmma is a warpgroup-wide 64 x N x 16 product fed from shared memory, the only way to
- *   Hopper's full tensor-core rate. Expected: >= 1.3x 06's forward at d = 128 (docs/07_wgmma.md).
+ *   Hopper's full tensor-core rate. Expected: >= 1.3x 06's forward from N = 1024; less at d = 128,
+ *   N = 512, where a block has few tiles to amortise its setup (docs/07_wgmma.md's tables).
  * Memory: nothing beyond L. Shared memory per block: Q_i + STAGES x (K_j + V_j), 160 KiB at
  *   d = 128, 80 KiB at 64, 192 KiB at 256.
  * Forward only; GPUs of compute capability 9.0 only (sm_90a code).
@@ -298,8 +299,8 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 }
 
 /* One kernel per head dim and dtype, each with literals inside. The tensor maps are kernel
- * parameters (__grid_constant__: the TMA unit reads them from the parameter space). One block
- * of 8 warps per SM: up to 255 registers a thread. */
+ * parameters (__grid_constant__: the TMA unit reads them from the parameter space). Blocks of
+ * 8 warps, BLOCKS_PER_SM(d) an SM: one, up to 255 registers a thread; two at d = 64, 128. */
 typedef void (*attention_fn)(attn_problem, attn_args, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap);
 #define KERNEL(name, d, fp16)                                                                   \

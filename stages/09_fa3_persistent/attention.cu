@@ -6,10 +6,12 @@
  *   query tiles from an atomic counter; the next Q_i and K_0 load under the last tile's P V and
  *   epilogue (two Q_i buffers where shared memory has room). Causal tiles go longest first, over
  *   sections of heads whose K and V fit in L2 (FA-3's LPT order).
- * - The epilogue by TMA store: O_i staged in V's ring (at d = 64 in a tile of its own) leaves
- *   by one bulk tensor store per box, while the producer already loads the next tile.
- * - Lazy rescaling (FlashAttention-4's, d = 128 and 256): O is rescaled only when a row's max
- *   grows past 2^8, so most steps skip the d / 2 multiplications.
+ * - The epilogue by TMA store: O_i staged in V's ring (at d = 64 in Q_i's tile, or with a causal
+ *   mask in a tile of its own: o_place) leaves by one bulk tensor store per box, while the
+ *   producer already loads the next tile.
+ * - Lazy rescaling (FlashAttention-4's, d = 128 and 256): O is rescaled only when a row's max,
+ *   in log2 units, grows by more than RESCALE_LOG2 = 8 (a factor 2^8 on P), so most steps skip
+ *   the d / 2 multiplications.
  * Each can be built out for the ablation (make ablation; docs/09_fa3_persistent.md):
  *   make build/09_fa3_persistent OFF=persistent|tma_store|lazy (a list).
  * Why: at 08's speed a block's start and end, and each step's max, rescale and turn, are what
@@ -689,7 +691,7 @@ KERNEL(attention_256_bf16, 256, -1, 0)
 KERNEL(attention_256_fp16, 256, -1, 1)
 
 /* Whether the problem runs on a persistent grid: at d = 128, at d = 256 without a causal mask
- * (its causal tiles ran 1-10% slower so) and at d = 64 with one (without, the tile loop costs
+ * (its causal tiles run 1-10% slower so) and at d = 64 with one (without, the tile loop costs
  * 3-5%). */
 static int persistent(const attn_problem *p)
 {

@@ -11,15 +11,19 @@
  *   (keys as rows): Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ from shared memory; Pᵀ and dSᵀ in
  *   registers, already the A operand of dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i; dSᵀ stored once
  *   for dQ_i = dS K_j, which each consumer computes a 64 x 64 part of from shared memory.
- * - dQ_i: fp32 atomics from the accumulators into the workspace, in fragment order (coalesced);
- *   --deterministic: a writer warp adds each step's dQ_i by bulk reduce, in a fixed order of
- *   the key tiles (each block starts its walk at its own query tile), while the consumers go
- *   on. dK_j, dV_j: written once, by TMA store.
+ * - dQ_i: fp32 atomics from the accumulators into the workspace, in fragment order (coalesced).
+ *   OFF=dq_atomics, and always with --deterministic: a writer (one producer thread) adds each
+ *   step's dQ_i by bulk reduce from shared memory while the consumers go on. --deterministic:
+ *   in a fixed order of the key tiles, counted by a semaphore per query tile (causal: the last
+ *   key tiles first; unmasked, when a head's key tiles all fit on the GPU, block j starts its
+ *   walk j / n_kt of the way round, else at the first query tile). dK_j, dV_j: written once,
+ *   by TMA store.
  * Why: the backward is 2.5x the forward's FLOPs, and stage 6's mma.sync kernel runs it at about
  *   0.63x cuDNN on an H200.
  * Expected: FA-3 reports 1.5-1.75x FA-2's backward; the goal is cuDNN's (docs/10_fa3_backward.md).
- * Memory: L, and in the backward's workspace D and L2 (fp32 per row) and the fp32 dQ
- *   accumulator (4 bytes per element of dQ). Shared memory: 161 KiB at d = 128, 162 KiB at 64.
+ * Memory: L, and in the backward's workspace D and L2 (fp32 per row), the fp32 dQ accumulator
+ *   (4 bytes per element of dQ) and an int semaphore per query tile. Shared memory: 161 KiB at
+ *   d = 128, 162 KiB at 64; with the writer 193 and 194 KiB (two 16 KiB dQ slices).
  *   Backward at head dims 64 and 128 (256 would need 256 registers for dK_j, dV_j alone).
  *
  * Run: make build/10_fa3_backward && build/10_fa3_backward --seqlen 8192 --dim 128 --backward --check --bench
@@ -729,12 +733,12 @@ static attention_fn pick_forward(const attn_problem *p)
 #define BWD_THREADS (3 * WARPGROUP)           /* producer, two consumers */
 #define BAR_DS      8                         /* both consumers: dSᵀ of the step is stored */
 #define BAR_DKV     9                         /* both consumers: done with K_j and V_j */
-#ifndef DQ_ATOMICS   /* knob: OFF=dq_atomics, a writer warp adds dQ_i by a bulk reduce from shared memory */
+#ifndef DQ_ATOMICS   /* knob: OFF=dq_atomics, a writer thread adds dQ_i by a bulk reduce from shared memory */
 #define DQ_ATOMICS 1
 #endif
-/* wr (a literal of each kernel): dQ_i leaves through the writer warp, not by the consumers'
- * atomics. The deterministic kernels always take the writer: its warp waits for a query tile's
- * turn while the consumers go on with the next step. The default ones take the atomics. */
+/* wr (a literal of each kernel): dQ_i leaves through the writer thread, not by the consumers'
+ * atomics. The deterministic kernels always take the writer: it waits for a query tile's turn
+ * while the consumers go on with the next step. The default ones take the atomics. */
 #define DEFAULT_WR  (!DQ_ATOMICS)
 /* Registers a thread after setmaxnreg, consumers and producer: 240 x 256 + 24 x 128 fill the
  * 168 x 384 the kernel starts with. With the writer at d = 64, 232 and 32 (at 240 and 24 ptxas

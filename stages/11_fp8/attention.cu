@@ -256,7 +256,8 @@ static __device__ __forceinline__ void tile_of(const attn_problem p, int G, int 
 /* Where a tile's O (bf16, twice Q_i's bytes) waits for its store, as a 16-bit [Br][d] tile of
  * 64-column boxes: at d = 64 and 128 a tile of its own, free once the warpgroup's last store has read
  * it; at d = 256, where shared memory has no room for one, Vt's two stages (2 x 32 KiB), after
- * the consumers meet (BAR_ALL), until the stores have read it (o_free: the transposer waits). */
+ * the consumers meet (BAR_ALL), until the stores have read it (o_free: the loader waits before
+ * the next tile's first Vt_j; OFF=pretranspose: the transposers). */
 static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, const int d)
 {
     return d <= 128 ? sm.O : sm.Vt;
@@ -752,10 +753,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     const int n_tiles = (p.N_q + Br(d) - 1) / Br(d) * p.H * p.B;
     const int counted = (int)gridDim.x < n_tiles;
 
-    /* The barriers: Q's full ones and the rings' full ones complete on one arrive plus the bytes,
-     * Vt's on one arrive per producer warp; Q's empty ones on one arrive per consumer thread,
-     * K's and Vt's on one per consumer warp, V's on one per producer warp; O's on one per
-     * consumer warpgroup (its store has read O's tile). */
+    /* The barriers: Q's full ones and the rings' full ones complete on one arrive plus the bytes
+     * (OFF=pretranspose: Vt's on one arrive per transposing warp); Q's empty ones on one arrive
+     * per consumer thread, K's and Vt's on one per consumer warp, V's on one per transposing
+     * warp; O's on one per consumer warpgroup (its store has read O's tile). */
     if (threadIdx.x == 0) {
         if (sm.Q % SWIZZLE_ATOM) hopper_fail();   /* the swizzled boxes need 1024-byte alignment */
         for (int q = 0; q < 2; q++) {
@@ -787,10 +788,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     }
 }
 
-/* One kernel per head dim, mask and dtype, each with literals inside; the tensor maps
+/* One kernel per head dim (e4m3 only), each with literals inside; the tensor maps
  * are __grid_constant__ parameters. One block of 3 warpgroups per SM (the cap at entry, 168
- * registers, is what setmaxnreg redistributes). causal: -1 read from p, 0 or 1 a literal. G:
- * the causal order's heads per section. */
+ * registers, is what setmaxnreg redistributes). causal: -1 in all three, the mask read from p.
+ * G: the causal order's heads per section. */
 typedef void (*attention_fn)(attn_problem, attn_args, int, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap,
                              const __grid_constant__ CUtensorMap);

@@ -17,7 +17,7 @@
  * Time: falls with the density; below dense 06_fa2's rate on the visible pairs, the more so
  *   the sparser the mask (docs/12_block_sparse.md, generated).
  * Memory: as 06_fa2, plus in shared memory the lists (two words per 32 mask tiles, per query
- *   head in the backward) and the d = 128 forward's row sums (2 KiB).
+ *   head in the backward) and the forward's row sums (2 KiB at every d, used at d = 128).
  * Run: make build/12_block_sparse && build/12_block_sparse --seqlen 8192 --dim 128 \
  *      --mask random:0.25 --check --bench --backward   (or --causal --window 1024; --block-mask F.npy)
  */
@@ -426,7 +426,7 @@ static __device__ __forceinline__ void tiled_attention(const attn_problem p, con
 
 /* One kernel per head dim and dtype, each with literals inside (one kernel holding all four
  * branches is register-allocated as a whole and spills). Two blocks of 4 warps per SM: up to
- * 255 registers a thread, 2 x 96 KiB of shared memory at d = 128. */
+ * 255 registers a thread, 2 x (98 KiB + the list) of shared memory at d = 128. */
 typedef void (*attention_fn)(attn_problem, attn_args, band);
 static __global__ void __launch_bounds__(THREADS, 2) attention_64_bf16(attn_problem p, attn_args a, band w) { tiled_attention(p, a, w, 64, 0); }
 static __global__ void __launch_bounds__(THREADS, 2) attention_64_fp16(attn_problem p, attn_args a, band w) { tiled_attention(p, a, w, 64, 1); }

@@ -10,7 +10,7 @@
  *   N_k, a block-mask tile split by a query or key tile), told by the range or the list's count
  *   of leading full entries, else by the entry; at d = 64 it skips a step its rows do not see.
  *   The walking grid takes an L2 section's tiles longest list first (sort_tiles). An empty list
- *   runs one fully masked step: O = 0, L = -inf.
+ *   runs one step that sees no key (masked; skipped at d = 64): O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
  *   a consumer reads a stored step during the one before, ahead of that step's dQ atomics (a
  *   read behind them waits for them); an empty list writes dK = dV = 0. --deterministic: a
@@ -20,10 +20,10 @@
  * Why: exact attention at a fraction of the work, on the Hopper pipeline rather than mma.sync.
  * Expected: time follows the visible tiles; a window W makes it linear in N. Goals: >= 1.0x
  *   FlexAttention per mask (met); visible pairs at >= 0.9x 10_fa3_backward's rate (met at
- *   50%, missed at 10%).
+ *   random 0.5, missed at random 0.1).
  * Memory: as 10_fa3_backward, plus with a block mask the lists in the workspace (an int per
- *   listed tile, at most its key or query range: W-bounded with a window) and, deterministic,
- *   the mask's row prefix sums; 24 bytes more shared memory (entries, a tile's steps).
+ *   listed tile, at most its key or query range: W-bounded with a window), deterministic the
+ *   row prefix sums; shared memory +24 bytes forward (entries, step counts), +8 backward (turns).
  *
  * Run: make build/13_hopper_masks && build/13_hopper_masks --seqlen 8192 --dim 128 --backward \
  *      --mask random:0.25 --check --bench   (or --causal --window 4096; --block-mask F.npy)
@@ -62,8 +62,8 @@
 /* A forward list entry: the key tile in the low ENTRY_BITS bits; above them, for each consumer
  * c, two bits (2c, 2c + 1): the block mask's entries for c's rows at the tile's first and last
  * key (a tile of 80 keys at d = 256 may straddle two mask columns). ENTRY_ALL: every consumer
- * sees the whole tile (no block mask); 0 (key tile 0, no bits): an empty list's one step, in
- * which every score is masked, so that O = 0 and L = -inf leave by the usual epilogue. */
+ * sees the whole tile (no block mask); 0 (key tile 0, no bits): an empty list's one step, where
+ * no consumer sees a key (masked, or skipped at d = 64): O = 0, L = -inf by the usual epilogue. */
 #define ENTRY_BITS 24
 #define ENTRY_ALL (0x3f << ENTRY_BITS)
 /* The paper's three ideas, each 1 (on) unless the build turns it off (OFF=..., the ablation). */
