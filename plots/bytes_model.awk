@@ -4,7 +4,7 @@
 #
 # What each model counts is what the code asks of memory, every load and store that leaves
 # the SM, as if no cache held anything between kernels or between blocks: a lower bound
-# where the code reads a thing once, an upper bound where the L2 (50 MB on an H200) can
+# where the code reads a thing once, an upper bound where the L2 (60 MiB on an H200) can
 # return a re-read. Per head: the forward of one (batch, head), N_q = N_k = n, head dim d,
 # non-causal, H_kv = H (the bench's shapes), 16-bit elements (E = 2 bytes), fp32 F = 4.
 # The totals are B * H times the per-head bytes.
@@ -37,9 +37,10 @@
 #     nearly every K/V re-read, so the DRAM counts fall to about bm_once's)
 # Against Nsight Compute's DRAM counts (plots/results/*-bytes.csv: d = 128, N = 1024, 4096,
 # 16384): 03_tiled and 05_tensor_cores within 1%; cublas within 1% at N >= 4096; 01_naive's
-# writes within 1% and its reads 10-12% above the model at N >= 4096 (not traced: most likely
-# re-reads of K and V by its one-thread-per-element kernels that miss the L2). At N = 1024,
-# 01_naive and cublas read 35-45% less than modelled: a 4 KiB row of S is still in the L2
+# writes within 3%, its reads 2% under the model at N = 4096 and 54% above it at N = 16384
+# (not traced: most likely output_kernel's re-reads of V, whose blocks in flight span all H
+# heads of a batch row, 64 MiB of V at N = 16384, more than the L2 holds). At N = 1024,
+# 01_naive and cublas read 34-44% less than modelled: a 4 KiB row of S is still in the L2
 # when the softmax passes over it again. 06_fa2 moves about bm_once's bytes, 1.6-21% of
 # its model.
 #

@@ -395,9 +395,9 @@ static __device__ __forceinline__ void load_step(uint32_t QdO, uint32_t LD, cons
  * Q_i, dO_i buffers) against this block's K_j, V_j, after starting the loads of the next step
  * (h_next, i_next) into the other stage. masked is a literal: the steps that cross the
  * diagonal or N_k run a copy of this code with the mask, all others a copy without it, which
- * is one stretch of code from the barrier to the atomics, scheduled as a whole (with the
- * mask behind a branch in a single copy, the backward was 3.5% slower: a probe without the
- * mask measured that). See tiled_backward for who owns what. */
+ * is one stretch of code from the barrier to the atomics, scheduled as a whole (one copy
+ * with the mask behind a branch is slower: the branch cuts that stretch in pieces). See
+ * tiled_backward for who owns what. */
 static __device__ __forceinline__ void backward_step(const attn_problem *p, const attn_args *a,
                                                      const float *D, float *dq_acc,
                                                      float dK[2][D_MAX / 16][4],

@@ -70,7 +70,7 @@
 #define LAZY 1
 #endif
 
-/* The share of L2 (50 MiB on the H200) that one section of the causal order's heads may fill
+/* The share of L2 (60 MiB on the H200) that one section of the causal order's heads may fill
  * with K and V (tile_of): 16 MiB measured faster than 8 and 32. */
 #define L2_KV_BYTES (16u << 20)
 
