@@ -1,9 +1,11 @@
 /* common/cli.c: the program every build/<stage> is: flags, setup, run, check, bench, CSV.
  * Exit codes: 0 ok, 1 check failed (or the stage failed on the GPU), 2 bad input, shape
- * refused by the stage, not enough GPU memory, or no GPU. Flags are parsed completely
- * before any CUDA call, so bad input is reported the same on a machine without a GPU.
+ * refused by the stage, not enough GPU memory, no GPU, or a --check that compared nothing.
+ * Flags are parsed completely before any CUDA call, so bad input is reported the same on a
+ * machine without a GPU.
  * With --points, one process runs many problems (a line of flags each), each exactly as a
  * program of its own would (run_one), so that a bench pays the CUDA context's start once. */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -71,13 +73,17 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "  --seqlen-q Nq    query length (overrides --seqlen)\n"
         "  --seqlen-k Nk    key length (overrides --seqlen)\n"
         "  --dim d          head dim (default 64)\n"
+        "                   (sizes: at most 2^40 elements a tensor, B*H at most 2^31-1, Nq and Nk\n"
+        "                   at most 2^31-128)\n"
         "  --causal         causal mask, top-left: key j visible to query i iff j <= i\n"
         "  --window W       sliding window: also i - W < j (and, without --causal, j < i + W);\n"
         "                   a row that sees no key gets O = 0, L = -inf; TFLOP/s count the\n"
-        "                   visible pairs (stages without masks refuse it)\n"
+        "                   visible pairs (stages without masks refuse it); a W above Nq + Nk is\n"
+        "                   taken as Nq + Nk (the same keys)\n"
         "  --mask PATTERN   a block mask (tiles of 128 x 128, ANDed with --causal, --window):\n"
         "                   random:D (density D, from --seed), or local:W, global:G, strided:S\n"
-        "                   joined by commas (local:1024,global:256); TFLOP/s count visible pairs\n"
+        "                   (whole numbers) joined by commas (local:1024,global:256); TFLOP/s\n"
+        "                   count visible pairs\n"
         "  --block-mask F   the block mask from F.npy, uint8 or bool [1 or B, 1 or H, Tq, Tk]\n"
         "  --dtype T        bf16, fp16 or e4m3 (default bf16). e4m3: forward only, stages with an\n"
         "                   fp8 forward; Q, K, V drawn in float32 and stored as e4m3 with one\n"
@@ -86,7 +92,7 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   H_d diag(s) / sqrt(d) (d a power of two; random signs s from --seed,\n"
         "                   one draw per (batch, kv head)): (QM)(KM)^T = QK^T, while outliers\n"
         "                   spread over the head dim (FlashAttention-3's incoherent processing)\n"
-        "  --scale s        softmax scale (default 1/sqrt(d))\n"
+        "  --scale s        softmax scale (default 1/sqrt(d)), at most 1e4\n"
         "  --seed n         input seed (default 1)\n"
         "  --inputs KIND    normal (default); outliers: Q, K, V N(0,1) plus, with probability\n"
         "                   0.001, N(0,100) (FlashAttention-3's fp8 test); or the tests' hard\n"
@@ -97,7 +103,9 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "  --check          compare with a float64 CPU oracle, element-wise; rows are sampled\n"
         "                   for big shapes (the output says how many were checked); e4m3: the\n"
         "                   oracle takes the dequantized inputs, and a line gives the RMSE of O\n"
-        "                   against the float64 result of the inputs before quantization\n"
+        "                   against the float64 result of the inputs before quantization. A\n"
+        "                   check that compares nothing (a backward too big for the oracle even\n"
+        "                   sampled, or no host memory for it) says why and exits 2\n"
         "  --bench          time the stage call with CUDA events, L2 flushed before each run;\n"
         "                   prints the median ms and TFLOP/s (FLOPs 4*B*H*Nq*Nk*d, half when\n"
         "                   causal, 2.5x for the backward)\n"
@@ -116,7 +124,7 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "  --load DIR       read q.npy, k.npy, v.npy (and do.npy with --backward), 4-D float32\n"
         "                   or float16 [B,N,heads,d], instead of random inputs; their shapes\n"
         "                   override the size flags; values are rounded to --dtype (e4m3:\n"
-        "                   quantized)\n"
+        "                   quantized) and must be finite, also once rounded\n"
         "  --save DIR       write q,k,v,o,lse (and do,dq,dk,dv) .npy files; 16-bit tensors are\n"
         "                   stored as float32 (exact), lse as float32 [B,H,Nq]; with a block\n"
         "                   mask also block_mask.npy, uint8 [bm_b,bm_h,Tq,Tk], the mask the run\n"
@@ -147,16 +155,18 @@ void attn_print_help(FILE *f, const char *prog, const attn_stage *st)
         "                   memory (101376: an RTX 4090), to see what a smaller GPU refuses\n"
         "\n"
         "exit status: 0 ok, 1 check failed or the stage failed on the GPU, 2 bad input,\n"
-        "shape refused by the stage, not enough GPU memory, or no GPU.\n",
+        "shape refused by the stage, not enough GPU memory, no GPU, or a --check that compared\n"
+        "nothing.\n",
         prog);
 }
 
+/* strtol and strtoull skip leading blanks and take a sign: a number here starts with a digit */
 static int parse_pos_int(const char *flag, const char *s, int *out, char *err)
 {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v <= 0 || v > INT_MAX) {
+    if (!isdigit((unsigned char)s[0]) || errno || end == s || *end || v <= 0 || v > INT_MAX) {
         snprintf(err, ATTN_MSG_LEN, "--%s: '%s' is not a positive integer (see --help)", flag, s);
         return 2;
     }
@@ -199,8 +209,9 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         case OPT_SCALE: {
             errno = 0;
             double s = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !isfinite(s) || s <= 0 || s > 3.0e38) {
-                snprintf(err, ATTN_MSG_LEN, "--scale: '%s' is not a positive number (see --help)", optarg);
+            if (errno || end == optarg || *end || !isfinite(s) || s <= 0 || s > ATTN_MAX_SCALE) {
+                snprintf(err, ATTN_MSG_LEN, "--scale: '%s' is not a positive number up to %g (see --help)",
+                         optarg, ATTN_MAX_SCALE);
                 rc = 2;
             }
             c->p.scale = (float)s;
@@ -210,7 +221,7 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         case OPT_SEED: {
             errno = 0;
             unsigned long long s = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
+            if (!isdigit((unsigned char)optarg[0]) || errno || end == optarg || *end) {
                 snprintf(err, ATTN_MSG_LEN, "--seed: '%s' is not a non-negative integer (see --help)", optarg);
                 rc = 2;
             }
@@ -259,6 +270,12 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         snprintf(err, ATTN_MSG_LEN, "--dtype e4m3 is forward only: no --backward");
         return 2;
     }
+    /* a pattern's syntax now, for any sizes (the mask itself is built once they are known) */
+    if (c->mask_spec && c->mask_file) {
+        snprintf(err, ATTN_MSG_LEN, "--mask and --block-mask: give one of them");
+        return 2;
+    }
+    if (c->mask_spec && attn_mask_spec_check(c->mask_spec, err)) return 2;
     if (c->hadamard && c->p.dtype != ATTN_E4M3) {
         snprintf(err, ATTN_MSG_LEN, "--hadamard needs --dtype e4m3 (it rotates Q and K before they "
                  "are quantized)");
@@ -274,7 +291,7 @@ int attn_parse_args(attn_cli *c, int argc, char **argv, char *err)
         char *end;
         errno = 0;
         const long v = strtol(smem, &end, 10);
-        if (errno || end == smem || *end || v <= 0 || v > INT_MAX) {
+        if (!isdigit((unsigned char)smem[0]) || errno || end == smem || *end || v <= 0 || v > INT_MAX) {
             snprintf(err, ATTN_MSG_LEN, "ATTN_SMEM_PER_BLOCK: '%s' is not a positive number of bytes", smem);
             return 2;
         }
@@ -381,6 +398,14 @@ static const char *dev_or_none(const attn_run_info *info)
     return info->device[0] ? info->device : "none";
 }
 
+/* A window wider than N_q + N_k leaves every row the keys one of N_q + N_k does (|i - j| < N_q +
+ * N_k always): it is taken as that, once the sizes are known, so that no stage computes i + W
+ * past INT_MAX (they do in int). A narrower one stays as it is. */
+static void clamp_window(attn_problem *p)
+{
+    if ((long long)p->window > (long long)p->N_q + p->N_k) p->window = p->N_q + p->N_k;
+}
+
 /* One run: what the program does with the flags c once they are parsed. It returns the exit
  * status, having freed everything it allocated (--points runs it again and again). */
 static int run_one(const attn_stage *st, const attn_cli *flags)
@@ -413,8 +438,10 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
             return 2;
         }
         if (!c.scale_set) t.p.scale = (float)(1.0 / sqrt((double)t.p.d));
+        clamp_window(&t.p);
         p = t.p;
     } else {
+        clamp_window(&p);
         /* a run that is only timed needs no host copy of whole tensors (ATTN_TIMED_PERIOD) */
         const int timed_only = c.bench && !c.check && !c.save;
         if (timed_only ? attn_host_alloc_timed(&t, &p, c.dir == ATTN_BACKWARD)
@@ -454,15 +481,9 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
         return 2;
     }
     /* the block mask, for the sizes now known (--load may have set them) */
-    if (c.mask_spec || c.mask_file) {
-        if (c.mask_spec && c.mask_file) {
-            snprintf(err, sizeof err, "--mask and --block-mask: give one of them");
-        } else if (c.mask_spec ? attn_mask_generate(&t.p, &t.block_mask, c.mask_spec, c.seed, err)
-                               : attn_mask_load(&t.p, &t.block_mask, c.mask_file, err)) {
-        } else {
-            err[0] = 0;
-        }
-        if (err[0]) {
+    if (c.mask_spec || c.mask_file) {   /* one of them (attn_parse_args) */
+        if (c.mask_spec ? attn_mask_generate(&t.p, &t.block_mask, c.mask_spec, c.seed, err)
+                        : attn_mask_load(&t.p, &t.block_mask, c.mask_file, err)) {
             fprintf(stderr, "%s: %s\n", st->name, err);
             attn_host_free(&t);
             return 2;
@@ -490,6 +511,7 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
 
     int exit_code = 0, checked = 0;   /* checked: the oracle compared this run's outputs */
     char check_str[ATTN_MSG_LEN] = "not checked (no --check)", fail_note[ATTN_MSG_LEN] = "";
+    char unchecked[ATTN_MSG_LEN] = "";   /* --check that compared nothing: why */
     char rmse_note[64] = "";          /* e4m3: "rmse_vs_unquantized=X; " */
     char inputs_note[64] = "";        /* "inputs=KIND; " but for normal ones, then "hadamard; " */
     if (c.inputs != ATTN_INPUT_NORMAL)
@@ -500,10 +522,10 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
         attn_ref r;
         attn_sample_choose(&s, &p, c.dir, c.seed);
         printf("check: %s\n", s.note);
-        if (s.skipped && c.dir == ATTN_BACKWARD) {
-            snprintf(check_str, sizeof check_str, "not checked (%s)", s.note);
+        if (s.skipped) {
+            snprintf(unchecked, sizeof unchecked, "%s", s.note);
         } else if (attn_oracle(&t, c.dir, &s, &r)) {
-            snprintf(check_str, sizeof check_str, "not checked (out of host memory for the oracle)");
+            snprintf(unchecked, sizeof unchecked, "out of host memory for the oracle");
         } else {
             checked = 1;
             attn_cmp cmp[5];
@@ -545,6 +567,10 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
             }
         }
         attn_sample_free(&s);
+        if (!checked) {   /* a check asked for and not made is not a pass */
+            snprintf(check_str, sizeof check_str, "not checked (%s)", unchecked);
+            if (!exit_code) exit_code = 2;
+        }
     }
     if (c.save) {
         if (attn_save_dir(c.save, &t, err)) {
@@ -574,6 +600,7 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
     }
     printf("%s: %s | %s | workspace %.1f MiB\n", desc, check_str, bench_str,
            info.workspace_bytes / MIB);
+    if (c.check && !checked) fprintf(stderr, "%s: --check compared nothing: %s\n", st->name, unchecked);
     attn_host_free(&t);
     return exit_code;
 }
@@ -728,15 +755,16 @@ static int run_points(const attn_stage *st, const attn_cli *c0, int argc, char *
     }
     for (size_t lineno = 1;; lineno++) {
         if (from_stdin ? getline(&buf, &cap, stdin) < 0 : lineno > nlines) break;
+        /* a run's 1 outranks the 2 of what ends the program here (the exit status's rule) */
         if (!(line = strdup(from_stdin ? buf : lines[lineno - 1]))) {
             fprintf(stderr, "%s: out of host memory\n", st->name);
-            worst = 2;
+            if (worst != 1) worst = 2;
             goto out;
         }
         const int r = attn_parse_point(&c, argc, argv, line, args, err);
         if (r == 2) {
             fprintf(stderr, "%s: --points %s line %zu: %s\n", st->name, src, lineno, err);
-            worst = 2;
+            if (worst != 1) worst = 2;
             goto out;
         }
         if (r == 0) {

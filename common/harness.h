@@ -50,7 +50,17 @@ double   attn_rng_normal(attn_rng *r);   /* N(0, 1) */
 
 /* B=2 H=4 H_kv=4 N_q=N_k=1000 d=64, non-causal, bf16, scale 1/sqrt(d). */
 void   attn_problem_default(attn_problem *p);
-/* 0 if p is well formed (positive sizes, H % H_kv == 0, finite scale); else writes why. */
+/* Limits on a problem's sizes, so that no count wraps: at most ATTN_MAX_ELEMENTS elements a
+ * tensor (Q, K, V, L; the .npy reader's cap too), B * H at most INT_MAX (the (batch, head) pairs
+ * are counted in int), N_q and N_k at most ATTN_MAX_SEQLEN (N + 127 fits an int: a count of
+ * 128-row tiles), and a scale at most ATTN_MAX_SCALE (stages take scale * log2(e) * score in
+ * float32, which a scale near float's range makes infinite, and NaN the outputs; no use needs
+ * more than 1e4, where scores 1e-3 apart already weigh e^10 apart: the softmax is a max). */
+#define ATTN_MAX_ELEMENTS ((size_t)1 << 40)
+#define ATTN_MAX_SEQLEN   (0x7FFFFFFF - 127)
+#define ATTN_MAX_SCALE    1e4
+/* 0 if p is well formed (positive sizes within the limits above, H % H_kv == 0, a positive
+ * finite scale up to ATTN_MAX_SCALE); else writes why. */
 int    attn_problem_validate(const attn_problem *p, char *why);
 size_t attn_numel_q(const attn_problem *p);   /* B*N_q*H*d   (Q, O, dO, dQ) */
 size_t attn_numel_kv(const attn_problem *p);  /* B*N_k*H_kv*d (K, V, dK, dV) */
@@ -58,12 +68,13 @@ size_t attn_numel_lse(const attn_problem *p); /* B*H*N_q */
 /* FLOPs of one call: forward 4*B*H*N_q*N_k*d (half when causal; with a window, 4*B*H*d per
  * visible (query, key) pair), backward 2.5x that. */
 double attn_flops(const attn_problem *p, attn_dir dir);
-/* The keys query row i sees (causal and window, attn.h): [*lo, *hi), empty if *lo == *hi. */
+/* The keys query row i sees (causal and window, attn.h): [*lo, *hi), empty if *lo == *hi. Any
+ * window up to INT_MAX (the bounds are computed in long long). */
 void   attn_visible_keys(const attn_problem *p, int i, int *lo, int *hi);
 
 /* ---- block masks (mask.c) ------------------------------------------------------------- */
 
-/* Tiles of a block mask along the queries and the keys: ceil(N / ATTN_MASK_TILE). */
+/* Tiles of a block mask along the queries and the keys: ceil(N / ATTN_MASK_TILE), any N >= 1. */
 int    attn_mask_tiles_q(const attn_problem *p);
 int    attn_mask_tiles_k(const attn_problem *p);
 size_t attn_mask_bytes(const attn_problem *p);
@@ -79,6 +90,11 @@ double attn_mask_pairs(const attn_problem *p, const unsigned char *mask);
  * one-line err. */
 int    attn_mask_generate(attn_problem *p, unsigned char **mask, const char *spec, uint64_t seed,
                           char *err);
+/* Whether spec is a pattern attn_mask_generate takes, for any sizes: items name:value, none
+ * empty; random:D a finite density 0 < D <= 1 (digits, a point, an exponent: no sign, blank or
+ * hex), alone; local, global and strided a whole number from 1 to INT_MAX, digits only. 0, or -1
+ * with a one-line err. */
+int    attn_mask_spec_check(const char *spec, char *err);
 /* A mask from a .npy file (uint8 or bool, or float 0/1), shape [1 or B, 1 or H, Tq, Tk] for
  * p's sizes; sets p's mask fields as above. 0, or -1 with a one-line err. */
 int    attn_mask_load(attn_problem *p, unsigned char **mask, const char *path, char *err);
@@ -170,7 +186,8 @@ typedef struct {
                                    * forward of every row: one kv head, L of its rows from the
                                    * oracle alone, D of the unsampled rows from the run's O
                                    * (see attn_oracle) */
-    int skipped;                  /* backward too large even assisted (see note) */
+    int skipped;                  /* nothing is checked: a backward too large even assisted, or
+                                   * no host memory for the sample masks (see note) */
     char note[ATTN_MSG_LEN];      /* "checked 64 of 16384 rows per head (sampled)" */
 } attn_sample;
 
@@ -208,7 +225,8 @@ void attn_sample_free(attn_sample *s);
  * With an assisted sample (backward), t also holds the run's outputs: the oracle computes O
  * and L of the sampled rows itself (they are compared with the run's) and L, never the run's,
  * of every other row of the chosen head; for D = rowsum(dO ∘ O) of those rows it takes the
- * run's 16-bit O, as a kernel does. Returns 0, or -1 when out of host memory. */
+ * run's 16-bit O, as a kernel does. A skipped s computes nothing (every row stays NaN). Returns
+ * 0, or -1 when out of host memory. */
 int  attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r);
 /* The same from float inputs (the tests perturb them for finite differences); d_o only
  * for the backward; s may be NULL (all rows); an assisted s needs the run's outputs, and a
@@ -336,13 +354,14 @@ void attn_cmp_short(char *buf, size_t n, const attn_cmp *c, int nc);
 /* Write a float32 array (npy v1.0, '<f4', C order). 0 ok; -1 with err set. */
 int attn_npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape,
                        char *err);
-/* Read '<f4' or '<f2' (converted to float32) into a malloc'd array. ndim <= 8. 0 ok;
- * -1 with err naming the file and the problem. Never crashes on garbage. */
+/* Read '<f4' or '<f2' (converted to float32; for a mask also '|u1', '|b1') into a malloc'd
+ * array. ndim <= 8. 0 ok; -1 with err naming the file and the problem. Never crashes on garbage. */
 int attn_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[8], char *err);
 /* --save: q, k, v, o, lse (and do, dq, dk, dv with backward) into dir as .npy (16-bit
  * tensors stored as '<f4', exact; e4m3: q, k, v as q32, k32, v32, and q_descale, k_descale,
- * v_descale [B, H_kv]). --load: q, k, v (and do) from dir, rounded to the dtype (e4m3: into
- * q32, k32, v32, then quantized); sets t->p's sizes. */
+ * v_descale [B, H_kv]). --load: q, k, v (and do) from dir, float32 or float16 with finite values,
+ * rounded to the dtype, where they must stay finite (e4m3: into q32, k32, v32, then quantized);
+ * sets t->p's sizes, which must pass attn_problem_validate. */
 int attn_save_dir(const char *dir, const attn_host *t, char *err);
 int attn_load_dir(const char *dir, attn_host *t, const attn_problem *p, int backward, char *err);
 

@@ -3,8 +3,8 @@
  * (bf16 and fp16 values are exactly representable in float32): np.load gives the exact
  * values; a block mask is written as '|u1'. e4m3 inputs are written as the float32 values
  * they were quantized from, with their scales. Reading accepts '<f4' and '<f2' (and '|u1',
- * '|b1' for masks), C order only. Any malformed file is an error message naming the file,
- * never a crash. */
+ * '|b1' for masks, not for the inputs q, k, v, do), C order only. Any malformed file is an
+ * error message naming the file, never a crash. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -80,7 +80,8 @@ static const char *dict_value(const char *hdr, const char *key)
     return p;
 }
 
-int attn_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[8], char *err)
+/* attn_npy_read_f32; inputs: float32 and float16 only (no mask dtypes) */
+static int npy_read(const char *path, int inputs, float **data, int *ndim, int64_t shape[8], char *err)
 {
     *data = NULL;
     *ndim = 0;
@@ -136,8 +137,13 @@ int attn_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[8
     int item;
     if (strcmp(descr, "<f4") == 0) item = 4;
     else if (strcmp(descr, "<f2") == 0) item = 2;
-    else if (!strcmp(descr, "|u1") || !strcmp(descr, "|b1") || !strcmp(descr, "<u1")) item = 1;   /* masks */
-    else {
+    else if (!inputs && (!strcmp(descr, "|u1") || !strcmp(descr, "|b1") || !strcmp(descr, "<u1")))
+        item = 1;   /* masks */
+    else if (inputs) {
+        snprintf(err, ATTN_MSG_LEN, "%s: dtype '%s' not supported for an input (want float32 '<f4' or "
+                 "float16 '<f2')", path, descr);
+        goto fail;
+    } else {
         snprintf(err, ATTN_MSG_LEN, "%s: dtype '%s' not supported (want '<f4', '<f2', or for a mask "
                  "'|u1' or '|b1')", path, descr);
         goto fail;
@@ -238,6 +244,11 @@ fail:
     return -1;
 }
 
+int attn_npy_read_f32(const char *path, float **data, int *ndim, int64_t shape[8], char *err)
+{
+    return npy_read(path, 0, data, ndim, shape, err);
+}
+
 static int save16(const char *dir, const char *name, const uint16_t *x, attn_dtype t,
                   const int64_t *shape, char *err)
 {
@@ -299,7 +310,7 @@ static int load4(const char *dir, const char *name, loaded *l, char *err)
 {
     int nd;
     snprintf(l->path, sizeof l->path, "%s/%s.npy", dir, name);
-    if (attn_npy_read_f32(l->path, &l->x, &nd, l->s, err)) return -1;
+    if (npy_read(l->path, 1, &l->x, &nd, l->s, err)) return -1;
     if (nd != 4) {
         snprintf(err, ATTN_MSG_LEN, "%s: expected a 4-D array [B, N, heads, d], got %d-D", l->path, nd);
         return -1;
@@ -313,9 +324,20 @@ static int load4(const char *dir, const char *name, loaded *l, char *err)
     return 0;
 }
 
-static void round_into(uint16_t *dst, const float *src, size_t n, attn_dtype t)
+/* l's n values rounded to t into dst; 0, or -1 with err naming the file and the first element
+ * that is not finite, or not once rounded (fp16 above 65504) */
+static int round_into(uint16_t *dst, const loaded *l, size_t n, attn_dtype t, char *err)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = attn_from_f32(src[i], t);
+    for (size_t i = 0; i < n; i++) {
+        dst[i] = attn_from_f32(l->x[i], t);
+        if (!isfinite(attn_to_f32(dst[i], t))) {
+            snprintf(err, ATTN_MSG_LEN, "%s: element %zu is %g, not finite in %s (largest %g): the inputs "
+                     "must be finite", l->path, i, l->x[i], attn_dtype_name(t),
+                     t == ATTN_FP16 ? 65504.0 : 3.3895313892515355e38);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 int attn_load_dir(const char *dir, attn_host *t, const attn_problem *p0, int backward, char *err)
@@ -348,6 +370,11 @@ int attn_load_dir(const char *dir, attn_host *t, const attn_problem *p0, int bac
     attn_problem p = *p0;
     p.B = (int)q.s[0]; p.N_q = (int)q.s[1]; p.H = (int)q.s[2]; p.d = (int)q.s[3];
     p.N_k = (int)k.s[1]; p.H_kv = (int)k.s[2];
+    char why[ATTN_MSG_LEN];
+    if (attn_problem_validate(&p, why)) {   /* the sizes of the files, as those of the flags */
+        snprintf(err, ATTN_MSG_LEN, "%s: %s", dir, why);
+        goto out;
+    }
     if (attn_host_alloc(t, &p, backward)) {
         snprintf(err, ATTN_MSG_LEN, "%s: out of host memory for the loaded tensors", dir);
         goto out;
@@ -356,18 +383,21 @@ int attn_load_dir(const char *dir, attn_host *t, const attn_problem *p0, int bac
         memcpy(t->q32, q.x, attn_numel_q(&p) * sizeof(float));
         memcpy(t->k32, k.x, attn_numel_kv(&p) * sizeof(float));
         memcpy(t->v32, v.x, attn_numel_kv(&p) * sizeof(float));
-        char why[ATTN_MSG_LEN];
         if (attn_host_quantize(t, 0, 0, why)) {
             snprintf(err, ATTN_MSG_LEN, "%s: %s", dir, why);
             attn_host_free(t);
             goto out;
         }
-    } else {
-        round_into(t->q, q.x, attn_numel_q(&p), p.dtype);
-        round_into(t->k, k.x, attn_numel_kv(&p), p.dtype);
-        round_into(t->v, v.x, attn_numel_kv(&p), p.dtype);
+    } else if (round_into(t->q, &q, attn_numel_q(&p), p.dtype, err) ||
+               round_into(t->k, &k, attn_numel_kv(&p), p.dtype, err) ||
+               round_into(t->v, &v, attn_numel_kv(&p), p.dtype, err)) {
+        attn_host_free(t);
+        goto out;
     }
-    if (backward) round_into(t->d_o, d_o.x, attn_numel_q(&p), p.dtype);
+    if (backward && round_into(t->d_o, &d_o, attn_numel_q(&p), p.dtype, err)) {
+        attn_host_free(t);
+        goto out;
+    }
     rc = 0;
 out:
     free(q.x); free(k.x); free(v.x); free(d_o.x);

@@ -633,10 +633,10 @@ static int oracle(const attn_problem *p, const float *q, const float *k, const f
         memset(r->lse_m, 0xFF, attn_numel_lse(p) * sizeof(double));
         memset(r->o_acc, 0xFF, nq * sizeof(double));
     }
+    if (s && s->skipped) { rc = 0; goto out; }   /* nothing to check (its masks may be missing) */
     if (dir == ATTN_FORWARD) {
         c.need_fwd = s ? s->mask_q : NULL;
     } else {
-        if (s && s->skipped) { rc = 0; goto out; }
         c.D = malloc(nrow_q * sizeof(double));
         c.mD = malloc(nrow_q * sizeof(double));
         r->dq = malloc(nq * sizeof(double));

@@ -2,6 +2,7 @@
  * their e4m3 quantization). */
 #include <pthread.h>
 #include <unistd.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,18 @@ void attn_problem_default(attn_problem *p)
     p->deterministic = 0;
 }
 
+/* a * b * c * d > ATTN_MAX_ELEMENTS (every factor >= 1), by division: nothing wraps */
+static int too_many(int a, int b, int c, int d)
+{
+    const int f[4] = { a, b, c, d };
+    size_t n = 1;
+    for (int i = 0; i < 4; i++) {
+        if ((size_t)f[i] > ATTN_MAX_ELEMENTS / n) return 1;
+        n *= (size_t)f[i];
+    }
+    return 0;
+}
+
 int attn_problem_validate(const attn_problem *p, char *why)
 {
     if (p->B <= 0 || p->H <= 0 || p->H_kv <= 0 || p->N_q <= 0 || p->N_k <= 0 || p->d <= 0) {
@@ -31,8 +44,24 @@ int attn_problem_validate(const attn_problem *p, char *why)
         snprintf(why, ATTN_MSG_LEN, "--heads %d is not a multiple of --kv-heads %d", p->H, p->H_kv);
         return -1;
     }
-    if (!isfinite(p->scale) || p->scale <= 0.0f) {
-        snprintf(why, ATTN_MSG_LEN, "--scale must be a positive finite number");
+    if (p->N_q > ATTN_MAX_SEQLEN || p->N_k > ATTN_MAX_SEQLEN) {
+        snprintf(why, ATTN_MSG_LEN, "sequence lengths must be at most %d (Nq=%d Nk=%d)", ATTN_MAX_SEQLEN,
+                 p->N_q, p->N_k);
+        return -1;
+    }
+    if ((long long)p->B * p->H > INT_MAX) {
+        snprintf(why, ATTN_MSG_LEN, "B * H = %lld (batch %d, heads %d) is more than %d", (long long)p->B * p->H,
+                 p->B, p->H, INT_MAX);
+        return -1;
+    }
+    if (too_many(p->B, p->N_q, p->H, p->d) || too_many(p->B, p->N_k, p->H_kv, p->d) ||
+        too_many(p->B, p->H, p->N_q, 1)) {
+        snprintf(why, ATTN_MSG_LEN, "too large: Q would hold %.4g elements and K, V %.4g each (at most "
+                 "2^40 a tensor)", (double)p->B * p->N_q * p->H * p->d, (double)p->B * p->N_k * p->H_kv * p->d);
+        return -1;
+    }
+    if (!isfinite(p->scale) || p->scale <= 0.0f || p->scale > ATTN_MAX_SCALE) {
+        snprintf(why, ATTN_MSG_LEN, "--scale must be a positive number up to %g", ATTN_MAX_SCALE);
         return -1;
     }
     if (p->window < 0) {
@@ -43,7 +72,6 @@ int attn_problem_validate(const attn_problem *p, char *why)
         snprintf(why, ATTN_MSG_LEN, "unknown dtype");
         return -1;
     }
-    /* element counts must fit size_t comfortably (they do on 64-bit for any int sizes) */
     return 0;
 }
 
@@ -54,14 +82,14 @@ size_t attn_numel_lse(const attn_problem *p) { return (size_t)p->B * p->H * p->N
 /* The keys query row i sees: [*lo, *hi) (empty when *lo >= *hi). See attn.h. */
 void attn_visible_keys(const attn_problem *p, int i, int *lo, int *hi)
 {
-    int a = 0, b = p->N_k;
-    if (p->causal && i + 1 < b) b = i + 1;
+    long long a = 0, b = p->N_k;   /* i + W can pass INT_MAX */
+    if (p->causal && (long long)i + 1 < b) b = (long long)i + 1;
     if (p->window > 0) {
-        if (i - p->window + 1 > a) a = i - p->window + 1;
-        if (!p->causal && i + p->window < b) b = i + p->window;
+        if ((long long)i - p->window + 1 > a) a = (long long)i - p->window + 1;
+        if (!p->causal && (long long)i + p->window < b) b = (long long)i + p->window;
     }
-    *lo = a;
-    *hi = b > a ? b : a;
+    *lo = (int)a;
+    *hi = (int)(b > a ? b : a);
 }
 
 /* The one FLOP formula: two matmuls of 2*N_q*N_k*d each per head, half of it when causal

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <limits.h>
 #include <math.h>
 #include "test_util.h"
 
@@ -93,6 +94,13 @@ Test(cli, window_flops_count_the_visible_pairs)
     cr_assert(lo == hi, "row 20 of 50 sees none of 10 keys through a window of 5: [%d, %d)", lo, hi);
     attn_visible_keys(&p, 12, &lo, &hi);
     cr_assert(lo == 8 && hi == 10, "[%d, %d)", lo, hi);
+    /* the widest window there is: i + W must not wrap around (every row sees every key) */
+    p.N_q = p.N_k = 1000; p.window = INT_MAX;
+    cr_assert_float_eq(attn_flops(&p, ATTN_FORWARD), 4.0 * 1000 * 1000, 1e-9);
+    attn_visible_keys(&p, 999, &lo, &hi);
+    cr_assert(lo == 0 && hi == 1000, "[%d, %d)", lo, hi);
+    p.causal = 1;
+    cr_assert_float_eq(attn_flops(&p, ATTN_FORWARD), 4.0 * 1000 * 1001 / 2, 1e-9);
 }
 
 Test(cli, bad_input_is_exit_2)
@@ -103,7 +111,23 @@ Test(cli, bad_input_is_exit_2)
                           "--frobnicate", "positional", "-x", "--window 0", "--window -4",
                           "--window x", "--dtype e4m3 --backward", "--backward --dtype e4m3",
                           "--inputs", "--inputs gaussian", "--inputs outliers --load d",
-                          "--hadamard", "--hadamard --dtype fp16", "--dtype e4m3 --hadamard --dim 96" };
+                          "--hadamard", "--hadamard --dtype fp16", "--dtype e4m3 --hadamard --dim 96",
+                          /* element counts past 2^40 (2^63 and 2^64 here: size_t wraps), B * H past
+                           * INT_MAX, a length past INT_MAX - 127 (its tile count would wrap) */
+                          "--batch 2097152 --heads 2097152 --seqlen 1048576 --dim 2",
+                          "--batch 2097152 --heads 2097152 --seqlen 1048576 --dim 4",
+                          "--batch 65536 --heads 32768 --seqlen 1 --dim 1",
+                          "--batch 1 --heads 1 --dim 1 --seqlen 2147483647",
+                          "--seqlen-q 1 --seqlen-k 2147483520 --heads 1024",
+                          "--scale 1e5", "--scale 3e38",
+                          /* mask patterns: checked when parsed */
+                          "--mask local:inf", "--mask local:1e300", "--mask global:1e19", "--mask local:0x100",
+                          "--mask local:3,", "--mask ,local:3", "--mask local:3,,global:5", "--mask local:1e3",
+                          "--mask local:-3", "--mask local:+3", "--mask local:3000000000", "--mask local:0",
+                          "--mask random:1.5", "--mask random:0", "--mask random:inf", "--mask random:nan",
+                          "--mask random:-0.5", "--mask random:0x0.8p0", "--mask random:0.5,local:3",
+                          "--mask local", "--mask local:", "--mask foo:3", "--mask", "--mask ,",
+                          "--mask random:0.5 --block-mask m.npy" };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         attn_cli c;
         char err[ATTN_MSG_LEN] = { 0 };
@@ -122,7 +146,63 @@ Test(cli, bad_input_is_exit_2)
     attn_cli c;
     char err[ATTN_MSG_LEN] = { 0 };
     cr_assert_eq(parse(&c, "--heads 2", err), 0, "a valid ATTN_SMEM_PER_BLOCK refused: %s", err);
+    setenv("ATTN_SMEM_PER_BLOCK", " 101376", 1);
+    cr_assert_eq(parse(&c, "--heads 2", err), 2, "ATTN_SMEM_PER_BLOCK=' 101376' accepted");
     unsetenv("ATTN_SMEM_PER_BLOCK");
+    /* values with blanks in them (parse() splits at blanks, so these go in argv as they are):
+     * a number is digits from its first character; a pattern has no blanks */
+    const char *pairs[][2] = { { "--seed", " -1" }, { "--seed", " 5" }, { "--seed", "+5" },
+                               { "--heads", " 4" }, { "--heads", "+4" }, { "--timeout", " 3" },
+                               { "--mask", "local: 3" }, { "--mask", "local:3 " }, { "--mask", " local:3" } };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        char flag[32], value[32];
+        snprintf(flag, sizeof flag, "%s", pairs[i][0]);
+        snprintf(value, sizeof value, "%s", pairs[i][1]);
+        char *argv[] = { "prog", flag, value, NULL };
+        err[0] = 0;
+        cr_assert_eq(attn_parse_args(&c, 3, argv, err), 2, "%s '%s' accepted", pairs[i][0], pairs[i][1]);
+        cr_assert(err[0] && !strchr(err, '\n'), "%s '%s': one line, got '%s'", pairs[i][0], pairs[i][1], err);
+    }
+    /* still accepted: the largest scale, the largest integers a pattern takes, a density too
+     * small to leave a tile (a valid density) */
+    const char *good[] = { "--scale 1e4", "--seed 18446744073709551615", "--mask local:2147483647",
+                           "--mask local:1024,global:256", "--mask strided:3", "--mask random:1",
+                           "--mask random:1e-300", "--mask random:.5", "--window 2147483647" };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        cr_assert_eq(parse(&c, good[i], err), 0, "'%s' refused: %s", good[i], err);
+}
+
+/* Tile counts are ceil(N / 128) up to N = INT_MAX (N + 127 would wrap). */
+Test(cli, mask_tile_counts_do_not_wrap)
+{
+    attn_problem p = test_problem(1, 1, 1, INT_MAX, 1000, 64, 0);
+    cr_assert_eq(attn_mask_tiles_q(&p), 16777216);
+    cr_assert_eq(attn_mask_tiles_k(&p), 8);
+    p.N_k = 128;
+    cr_assert_eq(attn_mask_tiles_k(&p), 1);
+    p.N_k = 129;
+    cr_assert_eq(attn_mask_tiles_k(&p), 2);
+}
+
+/* An oracle sample that is skipped (a backward too big, or no memory for the sample masks) is
+ * honoured in either direction: nothing is computed, rather than every row of a forward. */
+Test(cli, skipped_sample_computes_nothing)
+{
+    attn_problem p = test_problem(1, 2, 2, 40, 40, 16, 0);
+    attn_host t;
+    attn_ref r;
+    attn_sample s;
+    cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+    attn_host_fill(&t, 1, ATTN_INPUT_NORMAL);
+    for (int dir = 0; dir < 2; dir++) {
+        attn_sample_all(&s);
+        s.skipped = 1;
+        cr_assert_eq(attn_oracle(&t, (attn_dir)dir, &s, &r), 0);
+        for (size_t e = 0; e < attn_numel_q(&p); e++)
+            cr_assert(isnan(r.o[e]), "dir %d: o[%zu] computed for a skipped sample", dir, e);
+        attn_ref_free(&r);
+    }
+    attn_host_free(&t);
 }
 
 /* run a stage program; returns its exit status, stderr's line count, the first line */
@@ -215,6 +295,15 @@ static const attn_stage masked_stub = { .name = "masked_stub", .summary = "test"
 static const attn_stage dense_stub = { .name = "dense_stub", .summary = "test", .supports = "test",
                                        .check = refuse_every_shape, .workspace = no_workspace,
                                        .forward = never_runs };
+/* one whose run fails on a GPU (exit 1): it accepts every shape and its forward returns an error */
+static int accept_every_shape(const attn_problem *p, attn_dir dir, char *why)
+{
+    (void)p; (void)dir; (void)why;
+    return 0;
+}
+static const attn_stage failing_stub = { .name = "failing_stub", .summary = "test", .supports = "test",
+                                         .check = accept_every_shape, .workspace = no_workspace,
+                                         .forward = never_runs, .masks = 1 };
 static const attn_stage fp8_only_stub = { .name = "fp8_only_stub", .summary = "test", .supports = "test",
                                           .check = refuse_every_shape, .workspace = no_workspace,
                                           .forward = never_runs, .fp8 = ATTN_FP8_ONLY };
@@ -358,6 +447,50 @@ Test(cli, csv_note_names_a_mask_file)
     if (system(line)) {}
 }
 
+/* A window wider than N_q + N_k is the same window as one of N_q + N_k: taken as that once the
+ * sizes are known (the stages compute i + W in int), and the row says so. */
+Test(cli, huge_window_is_clamped_to_the_sizes)
+{
+    char note[1024];
+    cr_assert_eq(main_row_note(&masked_stub, "--seqlen-q 300 --seqlen-k 200 --window 2147483647", note,
+                               sizeof note), 2);
+    cr_assert(strncmp(note, "window=500; ", 12) == 0, "%s", note);
+    cr_assert_eq(main_row_note(&masked_stub, "--seqlen-q 300 --seqlen-k 200 --window 500", note, sizeof note), 2);
+    cr_assert(strncmp(note, "window=500; ", 12) == 0, "%s", note);
+    cr_assert_eq(main_row_note(&masked_stub, "--seqlen 300 --window 4096", note, sizeof note), 2);
+    cr_assert(strncmp(note, "window=600; ", 12) == 0, "%s", note);
+    cr_assert_eq(main_row_note(&masked_stub, "--seqlen 300 --window 299", note, sizeof note), 2);
+    cr_assert(strncmp(note, "window=299; ", 12) == 0, "a window within the sizes stays: %s", note);
+}
+
+/* A pattern is read whole, however long (no truncation), strictly (no blanks, signs, hex, empty
+ * items; integers for local, global, strided; a finite density 0 < D <= 1), and once read gives
+ * the mask its items OR together. */
+Test(cli, mask_patterns)
+{
+    attn_problem p = test_problem(1, 1, 1, 2000, 2000, 64, 0);
+    char long_spec[1024] = "";
+    for (int i = 0; i < 40; i++) strcat(long_spec, "local:128,");
+    strcat(long_spec, "global:1024");
+    cr_assert_gt(strlen(long_spec), 255);
+    const double want = pattern_density(p, "local:128,global:1024");
+    cr_assert_float_eq(pattern_density(p, long_spec), want, 1e-12, "a %zu-character pattern", strlen(long_spec));
+    cr_assert_float_eq(pattern_density(p, "local:2147483647"), 1.0, 1e-12);
+    cr_assert_float_eq(pattern_density(p, "global:2147483647"), 1.0, 1e-12);
+    cr_assert(pattern_density(p, "random:1e-300") >= 0.0);
+    const char *bad[] = { "local:inf", "local:1e300", "global:1e19", "local:0x100", "local: 3", "local:3 ",
+                          "local:3,", ",local:3", "local:3,,local:5", "random:1e-300,local:3", "random:0",
+                          "random:1.000001", "strided:0", "", "local:2147483648" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        unsigned char *m = NULL;
+        char err[ATTN_MSG_LEN] = { 0 };
+        attn_problem q = p;
+        cr_assert_eq(attn_mask_generate(&q, &m, bad[i], 1, err), -1, "'%s' accepted", bad[i]);
+        cr_assert(err[0] && !strchr(err, '\n') && !m && !q.block_mask, "'%s': %s", bad[i], err);
+        cr_assert_eq(attn_mask_spec_check(bad[i], err), -1, "'%s' passes the syntax check", bad[i]);
+    }
+}
+
 /* ---- --points: many runs in one process ------------------------------------------------ */
 
 /* attn_parse_point on line (copied: it is cut in place) after the command line cmd */
@@ -394,7 +527,8 @@ Test(cli, points_lines)
     char many[4096] = "";
     for (int i = 0; i <= ATTN_POINT_WORDS; i++) strcat(many, "--causal ");
     const char *bad[] = { "--dim x", "--heads 6 --kv-heads 4", "--seqlen", "positional", "--points g",
-                          "--help", "--save 'a b'", "--mask \"random:0.5\"", "--save a\\ b", many };
+                          "--help", "--save 'a b'", "--mask \"random:0.5\"", "--save a\\ b", many,
+                          "--batch 2097152 --heads 2097152 --seqlen 1048576 --dim 2", "--mask local:3," };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = 0;
         cr_assert_eq(parse_point(&c, "--points f", bad[i], err), 2, "'%.40s' accepted", bad[i]);
@@ -452,6 +586,32 @@ Test(cli, points_rows_are_the_runs_rows)
     }
 }
 
+/* --points -: a run that exits 1, then a bad line: the exit code stays 1 (1 if a run's was 1,
+ * else 2 if one's was 2). Only a GPU lets a run fail: without one every run is refused (2). */
+Test(cli, points_a_failed_run_outranks_a_bad_line)
+{
+    int n;
+    char why[ATTN_MSG_LEN], pts[] = "/tmp/attn_pts_fail_XXXXXX";
+    if (attn_gpu_available(&n, why) != 0) cr_skip_test("no CUDA GPU (%s): no run can fail", why);
+    cr_assert_eq(main_quiet(&failing_stub, "--seqlen 8"), 1, "the stand-in's run fails");
+    const int fd = mkstemp(pts);
+    cr_assert(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "--seqlen 8\n--dim x\n--seqlen 8\n");
+    fclose(f);
+    const int saved = dup(0), in = open(pts, O_RDONLY);
+    cr_assert(saved >= 0 && in >= 0);
+    dup2(in, 0);
+    clearerr(stdin);
+    const int rc = main_quiet(&failing_stub, "--points -");
+    dup2(saved, 0);
+    close(saved);
+    close(in);
+    clearerr(stdin);
+    unlink(pts);
+    cr_assert_eq(rc, 1, "a failed run, then a bad line: exit %d, want 1", rc);
+}
+
 /* run a shell command line; its exit status, and its stderr into err */
 static int run_sh(const char *cmd, char *err, size_t n)
 {
@@ -493,6 +653,16 @@ Test(cli, points_program)
     cr_assert_eq(count_lines(err), 1, "one line: %s", err);
     cr_assert(!strncmp(err, name, strlen(name)) && strstr(err, "line 4") && strstr(err, "--heads"), "%s", err);
     cr_assert_eq(access(csv, F_OK), -1, "a bad line in a file: nothing ran, no row");
+    /* a pattern is checked with the flags, as is a mask given twice */
+    const char *bad_masks[] = { "--mask random:1.5", "--mask local:3,", "--mask local:4 --block-mask m.npy" };
+    for (size_t i = 0; i < 3; i++) {
+        f = fopen(path, "w");
+        fprintf(f, "--seqlen 8\n%s\n--seqlen 8\n", bad_masks[i]);
+        fclose(f);
+        cr_assert_eq(run_sh(cmd, err, sizeof err), 2, "%s", bad_masks[i]);
+        cr_assert(count_lines(err) == 1 && strstr(err, "line 2") && strstr(err, "--mask"), "%s: %s", bad_masks[i], err);
+        cr_assert_eq(access(csv, F_OK), -1, "%s: a bad line in a file: nothing ran, no row", bad_masks[i]);
+    }
 
     snprintf(cmd, sizeof cmd, "printf -- '--seqlen 8\\n--dim x\\n--seqlen 8\\n' | %s/%s --points - --csv %s "
              ">/dev/null", build, name, csv);

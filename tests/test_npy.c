@@ -211,6 +211,69 @@ Test(npy, save_and_load_dir)
     attn_host_free(&t);
 }
 
+/* --load: q, k, v and do are float32 or float16 (a mask's uint8 and bool are not inputs), and their
+ * values finite, also once rounded to the dtype (fp16's largest is 65504): else one line naming
+ * the file and the element. */
+Test(npy, load_wants_finite_float_inputs)
+{
+    char path[300], err[ATTN_MSG_LEN];
+    int64_t sq[4] = { 1, 3, 2, 4 }, skv[4] = { 1, 5, 1, 4 };
+    float q[24], kv[20];
+    for (int i = 0; i < 24; i++) q[i] = 0.25f * (float)(i - 12);
+    for (int i = 0; i < 20; i++) kv[i] = 0.5f * (float)(10 - i);
+    static const char *names[4] = { "q", "k", "v", "do" };
+    const float *data[4] = { q, kv, kv, q };
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s.npy", dir, names[i]);
+        cr_assert_eq(attn_npy_write_f32(path, data[i], 4, i == 1 || i == 2 ? skv : sq, err), 0, "%s", err);
+    }
+    attn_problem p = test_problem(1, 1, 1, 1, 1, 64, 0);
+    attn_host u;
+    for (int t = 0; t < 2; t++) {
+        p.dtype = t ? ATTN_FP16 : ATTN_BF16;
+        cr_assert_eq(attn_load_dir(dir, &u, &p, 1, err), 0, "%s", err);
+        attn_host_free(&u);
+    }
+    /* uint8 and bool files are masks, not inputs */
+    const unsigned char bytes[24] = { 1 };
+    const char *descr[] = { "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 3, 2, 4), }",
+                            "{'descr': '|b1', 'fortran_order': False, 'shape': (1, 3, 2, 4), }" };
+    snprintf(path, sizeof path, "%s/q.npy", dir);
+    for (int i = 0; i < 2; i++) {
+        write_npy(path, descr[i], bytes, sizeof bytes);
+        err[0] = 0;
+        cr_assert_eq(attn_load_dir(dir, &u, &p, 0, err), -1, "%s accepted as q", descr[i]);
+        cr_assert(strstr(err, "q.npy") && strstr(err, "dtype") && !strchr(err, '\n'), "%s", err);
+    }
+    cr_assert_eq(attn_npy_write_f32(path, q, 4, sq, err), 0, "%s", err);
+    /* values that are not finite, or not once rounded */
+    static const struct { const char *name; int at; float x; attn_dtype t; int ok; } cases[] = {
+        { "q", 3, NAN, ATTN_BF16, 0 }, { "k", 5, INFINITY, ATTN_FP16, 0 }, { "v", 0, -INFINITY, ATTN_BF16, 0 },
+        { "do", 7, NAN, ATTN_FP16, 0 }, { "k", 2, 70000.0f, ATTN_FP16, 0 }, { "v", 4, -65520.0f, ATTN_FP16, 0 },
+        { "k", 2, 65519.0f, ATTN_FP16, 1 }, { "k", 2, 70000.0f, ATTN_BF16, 1 }, { "q", 1, 3.4e38f, ATTN_BF16, 0 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int is_q = cases[c].name[0] == 'q' || cases[c].name[0] == 'd';
+        float x[24];
+        memcpy(x, is_q ? q : kv, is_q ? sizeof q : sizeof kv);
+        x[cases[c].at] = cases[c].x;
+        snprintf(path, sizeof path, "%s/%s.npy", dir, cases[c].name);
+        cr_assert_eq(attn_npy_write_f32(path, x, 4, is_q ? sq : skv, err), 0, "%s", err);
+        p.dtype = cases[c].t;
+        err[0] = 0;
+        const int rc = attn_load_dir(dir, &u, &p, 1, err);
+        if (rc == 0) attn_host_free(&u);
+        char at[32];
+        snprintf(at, sizeof at, "element %d", cases[c].at);
+        if (cases[c].ok)
+            cr_assert_eq(rc, 0, "case %zu: %s", c, err);
+        else
+            cr_assert(rc == -1 && strstr(err, path) && strstr(err, at) && !strchr(err, '\n'),
+                      "case %zu: %g at %d of %s: rc %d, '%s'", c, cases[c].x, cases[c].at, path, rc, err);
+        cr_assert_eq(attn_npy_write_f32(path, is_q ? q : kv, 4, is_q ? sq : skv, err), 0, "%s", err);
+    }
+}
+
 /* A block mask from .npy: uint8 and bool, [1 or B, 1 or H, Tq, Tk] for the problem's sizes;
  * a wrong shape or an entry other than 0 and 1 is one line naming the file. */
 Test(npy, block_mask_files)
@@ -234,11 +297,14 @@ Test(npy, block_mask_files)
     const char *bad[] = { "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 2, 2), }",
                           "{'descr': '|u1', 'fortran_order': False, 'shape': (3, 1, 3, 2), }",
                           "{'descr': '|u1', 'fortran_order': False, 'shape': (6,), }" };
+    const char *got[] = { "got [1, 1, 2, 2]", "got [3, 1, 3, 2]", "got [6]" };
+    const size_t bytes[] = { 4, 18, 6 };
     for (int k = 0; k < 3; k++) {
-        write_npy(path, bad[k], ones, 6);
+        write_npy(path, bad[k], ones, bytes[k]);
         err[0] = 0;
         cr_assert_eq(attn_mask_load(&p, &m, path, err), -1, "shape %d accepted", k);
         cr_assert(strstr(err, path) && !strchr(err, '\n'), "%s", err);
+        cr_assert(strstr(err, got[k]), "the message names the shape it got, %s: %s", got[k], err);
     }
     const unsigned char two[6] = { 1, 0, 2, 1, 1, 1 };
     write_npy(path, "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 3, 2), }", two, 6);
