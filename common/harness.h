@@ -52,12 +52,14 @@ double   attn_rng_normal(attn_rng *r);   /* N(0, 1) */
 void   attn_problem_default(attn_problem *p);
 /* Limits on a problem's sizes, so that no count wraps: at most ATTN_MAX_ELEMENTS elements a
  * tensor (Q, K, V, L; the .npy reader's cap too), B * H at most INT_MAX (the (batch, head) pairs
- * are counted in int), N_q and N_k at most ATTN_MAX_SEQLEN (N + 127 fits an int: a count of
- * 128-row tiles), and a scale at most ATTN_MAX_SCALE (stages take scale * log2(e) * score in
+ * are counted in int), B and H at most ATTN_MAX_GRID_YZ (the stages launch grids of (tiles, H, B)
+ * or (tiles, H_kv, B), and CUDA's y and z go to 65535), N_q and N_k at most ATTN_MAX_SEQLEN
+ * (N + 255 fits an int: a count of tiles of up to 256 rows), and a scale at most ATTN_MAX_SCALE (stages take scale * log2(e) * score in
  * float32, which a scale near float's range makes infinite, and NaN the outputs; no use needs
  * more than 1e4, where scores 1e-3 apart already weigh e^10 apart: the softmax is a max). */
 #define ATTN_MAX_ELEMENTS ((size_t)1 << 40)
-#define ATTN_MAX_SEQLEN   (0x7FFFFFFF - 127)
+#define ATTN_MAX_GRID_YZ  65535
+#define ATTN_MAX_SEQLEN   (0x7FFFFFFF - 255)
 #define ATTN_MAX_SCALE    1e4
 /* 0 if p is well formed (positive sizes within the limits above, H % H_kv == 0, a positive
  * finite scale up to ATTN_MAX_SCALE); else writes why. */

@@ -49,6 +49,11 @@ int attn_problem_validate(const attn_problem *p, char *why)
                  p->N_q, p->N_k);
         return -1;
     }
+    if (p->B > ATTN_MAX_GRID_YZ || p->H > ATTN_MAX_GRID_YZ) {
+        snprintf(why, ATTN_MSG_LEN, "batch %d and heads %d must each be at most %d (a grid dimension)",
+                 p->B, p->H, ATTN_MAX_GRID_YZ);
+        return -1;
+    }
     if ((long long)p->B * p->H > INT_MAX) {
         snprintf(why, ATTN_MSG_LEN, "B * H = %lld (batch %d, heads %d) is more than %d", (long long)p->B * p->H,
                  p->B, p->H, INT_MAX);

@@ -113,12 +113,15 @@ Test(cli, bad_input_is_exit_2)
                           "--inputs", "--inputs gaussian", "--inputs outliers --load d",
                           "--hadamard", "--hadamard --dtype fp16", "--dtype e4m3 --hadamard --dim 96",
                           /* element counts past 2^40 (2^63 and 2^64 here: size_t wraps), B * H past
-                           * INT_MAX, a length past INT_MAX - 127 (its tile count would wrap) */
+                           * INT_MAX, a length past INT_MAX - 255 (its count of 192-row tiles would wrap) */
                           "--batch 2097152 --heads 2097152 --seqlen 1048576 --dim 2",
                           "--batch 2097152 --heads 2097152 --seqlen 1048576 --dim 4",
                           "--batch 65536 --heads 32768 --seqlen 1 --dim 1",
                           "--batch 1 --heads 1 --dim 1 --seqlen 2147483647",
                           "--seqlen-q 1 --seqlen-k 2147483520 --heads 1024",
+                          "--batch 1 --heads 1 --dim 1 --seqlen-q 2147483400 --seqlen-k 1",
+                          /* B or H past a grid's y and z (65535) */
+                          "--heads 65536 --seqlen 64", "--batch 65536 --seqlen 64",
                           "--scale 1e5", "--scale 3e38",
                           /* mask patterns: checked when parsed */
                           "--mask local:inf", "--mask local:1e300", "--mask global:1e19", "--mask local:0x100",
