@@ -7,6 +7,7 @@
  * to draw another set). */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -868,6 +869,8 @@ Test(gpu, masks_against_oracle, .timeout = 600)
         { 1, 2, 2, 333, 333, 128, 1, 1, 1, 0, NULL },               /* window 1: folds with no
                                                                          step between, fp16 */
         { 1, 2, 2, 300, 100, 64, 0, 50, 0, 0, NULL },               /* rows 149.. see nothing */
+        { 1, 2, 2, 300, 300, 64, 0, INT_MAX, 0, 0, NULL },          /* i + W past INT_MAX: the
+                                                                         stages get W = N_q + N_k */
         { 1, 4, 2, 1000, 1000, 128, 0, 0, 0, 0, "random:0.3" },     /* per-head random, GQA */
         { 2, 4, 2, 1100, 900, 64, 0, 0, 0, 0, "random:0.4" },       /* per (batch, head): the
                                                                          backward's tile order */
