@@ -398,14 +398,6 @@ static const char *dev_or_none(const attn_run_info *info)
     return info->device[0] ? info->device : "none";
 }
 
-/* A window wider than N_q + N_k leaves every row the keys one of N_q + N_k does (|i - j| < N_q +
- * N_k always): it is taken as that, once the sizes are known, so that no stage computes i + W
- * past INT_MAX (they do in int). A narrower one stays as it is. */
-static void clamp_window(attn_problem *p)
-{
-    if ((long long)p->window > (long long)p->N_q + p->N_k) p->window = p->N_q + p->N_k;
-}
-
 /* One run: what the program does with the flags c once they are parsed. It returns the exit
  * status, having freed everything it allocated (--points runs it again and again). */
 static int run_one(const attn_stage *st, const attn_cli *flags)
@@ -438,10 +430,10 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
             return 2;
         }
         if (!c.scale_set) t.p.scale = (float)(1.0 / sqrt((double)t.p.d));
-        clamp_window(&t.p);
+        attn_window_clamp(&t.p);   /* the run's note shows the window the stage gets */
         p = t.p;
     } else {
-        clamp_window(&p);
+        attn_window_clamp(&p);
         /* a run that is only timed needs no host copy of whole tensors (ATTN_TIMED_PERIOD) */
         const int timed_only = c.bench && !c.check && !c.save;
         if (timed_only ? attn_host_alloc_timed(&t, &p, c.dir == ATTN_BACKWARD)

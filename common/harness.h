@@ -73,6 +73,10 @@ double attn_flops(const attn_problem *p, attn_dir dir);
 /* The keys query row i sees (causal and window, attn.h): [*lo, *hi), empty if *lo == *hi. Any
  * window up to INT_MAX (the bounds are computed in long long). */
 void   attn_visible_keys(const attn_problem *p, int i, int *lo, int *hi);
+/* A window wider than N_q + N_k leaves every row the keys that one of N_q + N_k does (|i - j| <
+ * N_q + N_k always): set it to that, so that no stage computes i + W past INT_MAX (they do in
+ * int). A narrower one, or none, stays as it is. */
+void   attn_window_clamp(attn_problem *p);
 
 /* ---- block masks (mask.c) ------------------------------------------------------------- */
 

@@ -85,6 +85,11 @@ size_t attn_numel_kv(const attn_problem *p) { return (size_t)p->B * p->N_k * p->
 size_t attn_numel_lse(const attn_problem *p) { return (size_t)p->B * p->H * p->N_q; }
 
 /* The keys query row i sees: [*lo, *hi) (empty when *lo >= *hi). See attn.h. */
+void attn_window_clamp(attn_problem *p)
+{
+    if ((long long)p->window > (long long)p->N_q + p->N_k) p->window = p->N_q + p->N_k;
+}
+
 void attn_visible_keys(const attn_problem *p, int i, int *lo, int *hi)
 {
     long long a = 0, b = p->N_k;   /* i + W can pass INT_MAX */

@@ -102,10 +102,8 @@ static int cmp_float(const void *a, const void *b)
 attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
                          const attn_run_opts *opts, attn_run_info *info)
 {
-    /* A window wider than N_q + N_k leaves every row the keys that one of N_q + N_k does: the
-     * stages get that, since they compute i + W in int (the oracle takes any window). */
-    attn_problem pw = t->p;
-    if ((long long)pw.window > (long long)pw.N_q + pw.N_k) pw.window = pw.N_q + pw.N_k;
+    attn_problem pw = t->p;   /* the stages get a window of at most N_q + N_k */
+    attn_window_clamp(&pw);
     const attn_problem *p = &pw;
     const int bwd = dir == ATTN_BACKWARD;
     dev_bufs d = { 0 };
