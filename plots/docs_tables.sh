@@ -188,7 +188,7 @@ gen() {
         }
         function ratio(s, o, dir, d, c, n,   a, b) {
             a = s SUBSEP dir SUBSEP d SUBSEP c SUBSEP n; b = o SUBSEP dir SUBSEP d SUBSEP c SUBSEP n
-            if (st[a] != "ok" || st[b] != "ok" || tf[b] <= 0) return ""
+            if (!(a in st) || !(b in st) || st[a] != "ok" || st[b] != "ok" || tf[b] <= 0) return ""   # "in" first: a lookup would add the key
             return " (" sig3(tf[a] / tf[b]) "×)"
         }
         # which run the rows of stages a and b come from (plots/plots.sh --runs): "same" (one
@@ -377,7 +377,7 @@ gen() {
                     for (pi = 1; pi <= 2; pi++) {
                         dir = di == 1 ? "forward" : "backward"; p = pi == 1 ? s : o
                         a = p SUBSEP dir SUBSEP 128 SUBSEP 0
-                        if (st[a, n] != "ok" || st[a, M] != "ok" || tf[a, M] <= 0) { line = line " - |"; continue }
+                        if (!((a, n) in st) || !((a, M) in st) || st[a, n] != "ok" || st[a, M] != "ok" || tf[a, M] <= 0) { line = line " - |"; continue }
                         r = tf[a, n] / tf[a, M]
                         c = r < 1 && r * M > n ? sprintf("%.0f", n * M * (1 - r) / (r * M - n)) : "-"
                         line = line " " sig3(r) " (" c ") |"

@@ -222,7 +222,7 @@ runs_of() {
     awk 'NF > 0 {
         i = index($0, ": programs")
         date = i ? substr($0, 1, i - 1) : $0
-        sub(/ \(commit [0-9a-f]+\)$/, "", date)
+        sub(/ \(commit [0-9a-f]+\)$/, "", date); sub(/; [^;]*; commit [0-9a-f]+$/, "", date)   # the date alone
         np = na = settled = 0; cover = names = what = ""
         nf = split(i ? substr($0, i + 2) : "", f, "; ")
         for (j = 1; j <= nf; j++) {
@@ -421,7 +421,7 @@ pt_of() { awk -v s="$1" '$1 == s { print $3 }' "$DAT/lts"; }
         # the GEMM ceiling (CEILINGS above): "TFLOP/s size dtype"; other ceilings: not here
         $2 == "ceiling_gemm" { if ($15 == "ok" && $13 > 0) ceiling = $13 " " $8 " " $4; next }
         $2 ~ /^ceiling_/ { next }
-        $15 != "ok" { next }
+        $15 != "ok" || $4 != "bf16" { next }   # the figures are bf16 (FP8=1 adds e4m3 rows)
         {
             put("tf_" $3 "_d" $10 "_c" $11, $2, $8, $13)
             if ($3 == "forward" && $10 == 128 && $11 == 0 && $14 > 0) put("ws_sweep", $2, $8, $14)

@@ -88,7 +88,7 @@ table() {
     [ -z "$RUNS" ] || when=$(printf '%s\n' "$RUNS" | awk -F '\t' '$1 == "ceiling_gemm" { print "the run of " $3 }')
     # the caption: two italic lines, a blank line between them: what the cells are, then where
     # they come from
-    printf '%s' "*bf16, head dim $TABLE_D, N = $TABLE_N (B = $b, H = $h), TFLOP/s (median); step: fwd + bwd ms, non-causal (torch_cudnn's over it); longest N: long-context runs (B = 1, H = 16) and what stopped them (time: past the bench's budget a call; memory; cap: the bench's last N); "
+    printf '%s' "*bf16, head dim $TABLE_D, N = $TABLE_N (B = $b, H = $h), TFLOP/s (median); step: fwd + bwd ms, non-causal (torch_cudnn's over it); longest N: long-context runs (B = 1, H = 16) and what stopped them (time: past the bench's budget a call; memory; cap: the last N the bench asks of it, 1048576 for a stage and 131072 for an anchor); "
     if [ -n "$ceil" ]; then
         echo "$ceil" | awk -v when="${when:-a run the CSV does not name}" '{ printf "%% of GEMM ceiling: over the %.0f TFLOP/s of a %s %d³ torch.matmul in %s (`ceiling_gemm`)", $1, $3, $2, when }'
     else
@@ -150,7 +150,7 @@ table() {
             x = 100 * t[k] / ceil
             return (x >= 10 ? sprintf("%.0f", x) : x >= 1 ? sprintf("%.1f", x) : sprintf("%.2f", x)) "%"
         }
-        FNR == 1 || $2 ~ /^ceiling_/ { next }
+        FNR == 1 || $2 ~ /^ceiling_/ || $4 != "bf16" { next }   # the table is bf16 (FP8=1 adds e4m3 rows)
         FILENAME != main {                     # the long-context CSV: its non-causal rows
             # (the causal and the sliding-window series, whose notes start "window=", reach
             # further: they are not this column)
@@ -186,7 +186,7 @@ table() {
 runs_note() {
     cols="the vs torch_flash column divides"; [ -z "$1" ] || cols="the % of GEMM ceiling and vs torch_flash columns divide"
     one= two= unk=
-    for s in $(awk -F, -v d="$TABLE_D" -v n="$TABLE_N" 'FNR > 1 && $10 == d && $8 == n && $2 !~ /^ceiling_/ && $2 != "torch_flash" {
+    for s in $(awk -F, -v d="$TABLE_D" -v n="$TABLE_N" 'FNR > 1 && $4 == "bf16" && $10 == d && $8 == n && $2 !~ /^ceiling_/ && $2 != "torch_flash" {
                    print ($2 ~ /^[0-9]/ ? 0 : $2 == "cublas" ? 1 : $2 == "torch_cudnn" ? 3 : 4), $2 }' "$MAIN" | sort -u -k1,1n -k2,2 | cut -d' ' -f2); do
         p=$(run_pair "$s" torch_flash | cut -f1)
         [ -z "$1" ] || [ "$p" = "$(run_pair "$s" ceiling_gemm | cut -f1)" ] || p=
@@ -225,7 +225,7 @@ headline() {
             k = s SUBSEP dir SUBSEP d SUBSEP n
             return (k in ms) ? ms[k] : -1
         }
-        FNR == 1 || $11 != 0 || $2 ~ /^ceiling_/ { next }
+        FNR == 1 || $11 != 0 || $2 ~ /^ceiling_/ || $4 != "bf16" { next }
         $15 == "ok" && $12 > 0 { ms[$2, $3, $10, $8] = $12 }
         !($8 in nseen) { nseen[$8] = 1; ns[++nn] = $8 + 0 }
         END {
