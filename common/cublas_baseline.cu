@@ -26,6 +26,7 @@
  *
  * Link with -lcublas. Run: make build/cublas && build/cublas --check --backward --seqlen 1024
  */
+#include <limits.h>
 #include <stdio.h>
 #include <cublas_v2.h>
 #include "attn_device.cuh"
@@ -294,6 +295,18 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     if (p->d % ROW_ALIGN != 0) {
         snprintf(why, ATTN_WHY_LEN, "head dim %d: the cuBLAS baseline needs a multiple of %d",
                  p->d, ROW_ALIGN);
+        return 1;
+    }
+    /* cuBLAS takes leading dimensions in int (Q's and O's rows are H d apart), and S and P's
+     * bytes, 6 B H N_q ld, must not wrap size_t (the memory check would then pass) */
+    if ((long long)p->H * p->d > INT_MAX) {
+        snprintf(why, ATTN_WHY_LEN, "heads x head dim = %lld: the cuBLAS baseline's row stride must "
+                 "fit an int", (long long)p->H * p->d);
+        return 1;
+    }
+    if (6.0L * p->B * p->H * p->N_q * (long double)scores_ld(p) > 0x1p60L) {
+        snprintf(why, ATTN_WHY_LEN, "S and P would take %.3Lg bytes: more than the cuBLAS baseline "
+                 "addresses", 6.0L * p->B * p->H * p->N_q * (long double)scores_ld(p));
         return 1;
     }
     return 0;

@@ -120,6 +120,7 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
         snprintf(info->why, sizeof info->why, "%s", tmp);
         return info->status = ATTN_RUN_NO_GPU;
     }
+    (void)cudaGetLastError();   /* an error an earlier run left (e.g. out of memory) is not this one's */
     int dev;
     struct cudaDeviceProp prop;
     CHECK(cudaGetDevice(&dev));
