@@ -50,10 +50,11 @@ for s in "$@"; do
             "$san" --tool "$tool" --error-exitcode 1 "$build/$s" $args > "$log" 2>&1
             rc=$?
             if [ $rc = 0 ]; then echo "ok      $tool $s $args"
-            elif [ $rc = 2 ] || { grep -q "^$s:" "$log" &&
+            elif { [ $rc = 2 ] && refuses "$s" $args; } || { grep -q "^$s:" "$log" &&
                                   { grep -q "terminated before first instrumented API call" "$log" ||
                                     { grep -q "ERROR SUMMARY: 0 errors" "$log" && refuses "$s" $args; }; }; }; then
-                # refused (exit 2); a refusal before any CUDA call ends under the sanitizer
+                # refused (exit 2, also without the sanitizer: an exit 2 the sanitizer's own
+                # memory or start-up caused is a failure); a refusal before any CUDA call ends under the sanitizer
                 # with its own error instead, the program's one line still in the log; and
                 # the sanitizer has been seen to end a refusal with an error of its own and
                 # no finding: the same command without it must then exit 2 (refuses)
@@ -71,6 +72,10 @@ for s in "$@"; do
         for log in $(grep '^FAILED' "$logdir/$s.summary" | sed 's/.*, log //'); do tail -n 30 "$log"; done
     fi
 done
+# a stage that no run of a tool passed was not checked by it (every stage runs some shape)
+for s in "$@"; do for tool in $tools; do
+    grep -q "^ok      $tool $s " "$logdir/$s.summary" || { echo "sanitize: $s: no run passed $tool"; fail=1; }
+done; done
 all=$(cat "$logdir"/*.summary)
 echo "sanitize: $(grep -c '^ok' <<< "$all") ok, $(grep -c '^skipped' <<< "$all") skipped," \
      "$(grep -c '^FAILED' <<< "$all") failed"

@@ -1,8 +1,8 @@
 #!/bin/sh
 # tests/static_check.sh BUILD STAGE...: checks that need no GPU, over every built stage.
-#  1. ptxas reported no register spill for any function (BUILD/<stage>.ptxas.log, written by
-#     the Makefile from nvcc -Xptxas -v): every "spill" line must read
-#     "0 bytes spill stores, 0 bytes spill loads".
+#  1. ptxas reported no register spill and no stack frame (local memory) for any function
+#     (BUILD/<stage>.ptxas.log, written by the Makefile from nvcc -Xptxas -v): every such line
+#     must read "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads".
 #  2. the stage object exports exactly one symbol, stage_<stage> (everything else static);
 #     weak symbols nvcc/g++ emit themselves (V/W, e.g. DW.ref.__gxx_personality_v0) are allowed.
 #  3. a Hopper stage (its source includes hopper.cuh) is on the asynchronous path: its PTX
@@ -31,10 +31,10 @@ for s in "$@"; do
         /Compiling entry function/ { arch = $NF }
         /Function properties for/ { fn = $NF }
         /bytes spill stores/ {
-            if ($5 != 0 || $9 != 0) printf "%s %s: %s\n", fn, arch, $0
+            if ($1 != 0 || $5 != 0 || $9 != 0) printf "%s %s: %s\n", fn, arch, $0   # stack frame: local memory
         }' "$log")
     if [ -n "$spills" ]; then
-        echo "static check: $s: register spill reported by ptxas:"
+        echo "static check: $s: register spill or stack frame (local memory) reported by ptxas:"
         echo "$spills" | sed 's/^/    /'
         fail=1
     fi
@@ -77,7 +77,7 @@ for s in "$@"; do
     fi
 done
 if [ $fail = 0 ]; then
-    echo "static check: $n programs built, no spills, one exported symbol each;" \
+    echo "static check: $n programs built, no spills or stack frames, one exported symbol each;" \
          "$hopper Hopper stage(s) with wgmma and TMA in their PTX and no C75xx warning"
 fi
 exit $fail
