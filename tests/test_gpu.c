@@ -212,6 +212,62 @@ Test(gpu, every_stage_runs_a_plain_shape, .timeout = 300)
     cr_assert_eq(failures, 0, "%d stage runs of the plain shape refused or failed", failures);
 }
 
+/* Scores far below 0 where N_k ends inside a key tile: Q all 1 and K all -(1 + u), u in [0, 1)
+ * drawn per element, scale 2, so that every score lies in -4d .. -2d and each row's L near its
+ * largest (about -3d). A zero-padded key past N_k that scored 0 instead of -inf would get P =
+ * exp(0 - L), which overflows, and dS times its zero K row would be NaN in dQ. Every stage,
+ * forward and backward, at d = 64 and 128, N = 255. */
+Test(gpu, very_negative_scores_at_a_ragged_key_tile, .timeout = 300)
+{
+    need_gpu();
+    attn_oracle_threads = 2;
+    struct cudaDeviceProp prop;
+    cr_assert_eq(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    const int sm = prop.major * 10 + prop.minor;
+    int failures = 0;
+    for (int d = 64; d <= 128; d += 64) {
+        attn_problem p = test_problem(1, 2, 2, 255, 255, d, 0);
+        p.scale = 2.0f;
+        attn_host in;
+        cr_assert_eq(attn_host_alloc(&in, &p, 1), 0);
+        attn_host_fill(&in, test_seed(4100 + d), ATTN_INPUT_NORMAL);
+        attn_rng g;
+        attn_rng_init(&g, test_seed(4200 + d));
+        for (size_t e = 0; e < attn_numel_q(&p); e++) test_set(in.q, e, 1.0f, p.dtype);
+        for (size_t e = 0; e < attn_numel_kv(&p); e++)
+            test_set(in.k, e, -(1.0f + (float)attn_rng_uniform(&g)), p.dtype);
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
+        const int nall = attn_nstages + (attn_baseline ? 1 : 0);
+        for (int si = 0; si < nall; si++) {
+            const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
+            if (sm < st->min_sm || (st->min_sm >= 90 && sm != 90) || st->fp8 == ATTN_FP8_ONLY) continue;
+            for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++) {
+                attn_host t;
+                cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
+                copy_inputs(&t, &in);
+                attn_run_info info;
+                attn_run_opts opts = { 0, 1 };
+                const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
+                attn_cmp c[5];
+                int nc;
+                if (rs != ATTN_RUN_OK) {
+                    fprintf(stderr, "%s %s d = %d: did not run: %s\n", st->name,
+                            dir ? "backward" : "forward", d, info.why);
+                    failures++;
+                } else if (compare_all(c, &nc, &t, (attn_dir)dir, &r, st->name)) {
+                    print_cmp(st->name, c, nc);
+                    failures++;
+                }
+                attn_host_free(&t);
+            }
+        }
+        attn_ref_free(&r);
+        attn_host_free(&in);
+    }
+    cr_assert_eq(failures, 0, "%d stage runs with very negative scores failed", failures);
+}
+
 /* Whether a stage may refuse p in direction dir on this GPU (its compute capability sm): the
  * refusals of the oracle shapes on an H200 are the head dim 256 of the stages that stop at 128
  * (the mma.sync ones, and the Hopper backwards) and any 16-bit input to an e4m3-only stage. On
@@ -904,6 +960,13 @@ Test(gpu, masks_against_oracle, .timeout = 600)
         { 1, 2, 2, 333, 333, 128, 1, 1, 1, 0, NULL },               /* window 1: folds with no
                                                                          step between, fp16 */
         { 1, 2, 2, 300, 100, 64, 0, 50, 0, 0, NULL },               /* rows 149.. see nothing */
+        { 1, 2, 2, 5000, 1000, 64, 0, 100, 0, 0, NULL },            /* rows 1099.. see nothing;
+                                                                         the last rows' window
+                                                                         starts 31 mask tiles
+                                                                         past N_k's */
+        { 1, 2, 2, 4500, 300, 128, 1, 50, 0, 0, "random:0.5" },     /* the same with a mask:
+                                                                         no column past its own
+                                                                         is read */
         { 1, 2, 2, 300, 300, 64, 0, INT_MAX, 0, 0, NULL },          /* i + W past INT_MAX: the
                                                                          stages get W = N_q + N_k */
         { 1, 4, 2, 1000, 1000, 128, 0, 0, 0, 0, "random:0.3" },     /* per-head random, GQA */

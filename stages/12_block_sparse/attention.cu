@@ -63,13 +63,15 @@ static size_t list_bytes(const attn_problem *p, int keys)
 }
 
 /* Keys that query i sees, lo <= j < hi (attn.h): all N_k, keys 0 .. i when causal, and with a
- * window W also i - W < j (and without causal j < i + W). Both ends grow with i. */
+ * window W also i - W < j (and without causal j < i + W). Both ends grow with i and stay in
+ * 0 .. N_k: a row past N_k + W - 1 sees no key (lo = hi = N_k), and a list of its keys' tiles
+ * has none past the mask's last column. */
 static __device__ __forceinline__ void visible_keys(const attn_problem p, int i, int *lo, int *hi)
 {
     int a = 0, e = p.N_k;
     if (p.causal) e = min(i + 1, e);
     if (p.window > 0) {
-        a = max(a, i - p.window + 1);
+        a = min(max(a, i - p.window + 1), p.N_k);
         if (!p.causal) e = min(e, i + p.window);
     }
     *lo = a;
@@ -786,11 +788,14 @@ static __device__ __forceinline__ void tiled_backward(const attn_problem p, cons
     const int list = m.bytes / 4;   /* words of shared memory */
 
     load_tiles(K_j, a.k, a.v, b, j0, BWD_Bc, p.N_k, h_kv, p.H_kv, d, BWD_THREADS);
+    /* The block's keys j0 .. j0 + BWD_Bc - 1, those past N_k too: at a ragged N_k the last
+     * block's tiles are cut, so its zero-padded keys score -inf, not 0 (exp(0 - L) overflows
+     * where a row's scores lie far below 0, and dS times a zero K row is then NaN in dQ). */
     for (int g = 0; g < group; g++) {   /* column j0 / MASK_TILE of each head's mask */
         const unsigned char *first = mask_row(p, a, b, h_kv * group + g, 0);
         build_list(list + 2 * g * words, first ? first + j0 / MASK_TILE : NULL, Tk,
                    q_lo / MASK_TILE, (q_hi + MASK_TILE - 1) / MASK_TILE, p, 0, 0, j0,
-                   min(j0 + BWD_Bc, p.N_k), 0, BWD_THREADS);
+                   j0 + BWD_Bc, 0, BWD_THREADS);
     }
     __syncthreads();   /* the list is complete */
     int g = 0, s = s_begin;
