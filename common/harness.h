@@ -235,10 +235,11 @@ void attn_sample_free(attn_sample *s);
  * 0, or -1 when out of host memory. */
 int  attn_oracle(const attn_host *t, attn_dir dir, const attn_sample *s, attn_ref *r);
 /* The same from float inputs (the tests perturb them for finite differences); d_o only
- * for the backward; s may be NULL (all rows); an assisted s needs the run's outputs, and a
- * block-masked p its mask (attn_oracle, from t->block_mask): -1. */
+ * for the backward; s may be NULL (all rows); block_mask as attn_host's (NULL unless
+ * p->block_mask: then -1 without it). An assisted s needs the run's outputs: -1. */
 int  attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
-                     const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r);
+                     const float *d_o, const unsigned char *block_mask, attn_dir dir,
+                     const attn_sample *s, attn_ref *r);
 /* e4m3: the forward (O, L) of the rows of s from the inputs before quantization (q32, k32, v32),
  * what the values drawn or loaded give in float64: the reference of what e4m3 costs (attn_rmse),
  * not of the check. 0, or -1 when out of host memory (or not an e4m3 host that holds them all). */

@@ -682,9 +682,10 @@ out:
 }
 
 int attn_oracle_f32(const attn_problem *p, const float *q, const float *k, const float *v,
-                    const float *d_o, attn_dir dir, const attn_sample *s, attn_ref *r)
+                    const float *d_o, const unsigned char *block_mask, attn_dir dir,
+                    const attn_sample *s, attn_ref *r)
 {
-    return oracle(p, q, k, v, d_o, dir, s, r, NULL, NULL, p->dtype == ATTN_E4M3);
+    return oracle(p, q, k, v, d_o, dir, s, r, NULL, block_mask, p->dtype == ATTN_E4M3);
 }
 
 int attn_oracle_unquantized(const attn_host *t, const attn_sample *s, attn_ref *r)

@@ -178,7 +178,7 @@ Test(fp8, oracle_of_the_dequantized_inputs)
     cr_assert_eq(attn_oracle(&t, ATTN_FORWARD, NULL, &r), 0);
     float *q, *k, *v;
     cr_assert_eq(attn_host_dequantize(&t, &q, &k, &v), 0);
-    cr_assert_eq(attn_oracle_f32(&p, q, k, v, NULL, ATTN_FORWARD, NULL, &rf), 0);
+    cr_assert_eq(attn_oracle_f32(&p, q, k, v, NULL, NULL, ATTN_FORWARD, NULL, &rf), 0);
     cr_assert_eq(attn_oracle(&tb, ATTN_FORWARD, NULL, &rb), 0);
     double e2 = 0, r2 = 0;
     for (size_t e = 0; e < attn_numel_q(&p); e++) {

@@ -175,17 +175,19 @@ Test(oracle, gqa_equals_repeated_kv)
 
 /* loss = sum(O * dO) from float inputs */
 static double loss_of(const attn_problem *p, const float *q, const float *k, const float *v,
-                      const float *d_o)
+                      const float *d_o, const unsigned char *mask)
 {
     attn_ref r;
-    cr_assert_eq(attn_oracle_f32(p, q, k, v, NULL, ATTN_FORWARD, NULL, &r), 0);
+    cr_assert_eq(attn_oracle_f32(p, q, k, v, NULL, mask, ATTN_FORWARD, NULL, &r), 0);
     double l = 0;
     for (size_t i = 0; i < attn_numel_q(p); i++) l += r.o[i] * d_o[i];
     attn_ref_free(&r);
     return l;
 }
 
-static void fd_check(attn_problem p)
+/* Central differences of loss_of against the oracle's dQ, dK, dV, element by element; mask: the
+ * block mask when p.block_mask. */
+static void fd_check_masked(attn_problem p, const unsigned char *mask)
 {
     size_t nq = attn_numel_q(&p), nkv = attn_numel_kv(&p);
     float *q = malloc(nq * 4), *k = malloc(nkv * 4), *v = malloc(nkv * 4), *d_o = malloc(nq * 4);
@@ -194,7 +196,7 @@ static void fd_check(attn_problem p)
     for (size_t i = 0; i < nq; i++) { q[i] = (float)attn_rng_normal(&g); d_o[i] = (float)attn_rng_normal(&g); }
     for (size_t i = 0; i < nkv; i++) { k[i] = (float)attn_rng_normal(&g); v[i] = (float)attn_rng_normal(&g); }
     attn_ref r;
-    cr_assert_eq(attn_oracle_f32(&p, q, k, v, d_o, ATTN_BACKWARD, NULL, &r), 0);
+    cr_assert_eq(attn_oracle_f32(&p, q, k, v, d_o, mask, ATTN_BACKWARD, NULL, &r), 0);
     const float h = 1e-3f;
     struct { float *x; size_t n; const double *grad; const char *name; } ts[] = {
         { q, nq, r.dq, "dQ" }, { k, nkv, r.dk, "dK" }, { v, nkv, r.dv, "dV" } };
@@ -203,19 +205,22 @@ static void fd_check(attn_problem p)
             float x0 = ts[t].x[i];
             ts[t].x[i] = x0 + h;
             double hp = (double)ts[t].x[i] - x0; /* the step actually taken in float */
-            double lp = loss_of(&p, q, k, v, d_o);
+            double lp = loss_of(&p, q, k, v, d_o, mask);
             ts[t].x[i] = x0 - h;
             double hm = x0 - (double)ts[t].x[i];
-            double lm = loss_of(&p, q, k, v, d_o);
+            double lm = loss_of(&p, q, k, v, d_o, mask);
             ts[t].x[i] = x0;
             double fd = (lp - lm) / (hp + hm);
             cr_assert(fabs(fd - ts[t].grad[i]) <= 1e-5 * (1 + fabs(fd)),
-                      "%s[%zu]: finite difference %.9f, oracle %.9f (causal=%d)", ts[t].name, i, fd,
-                      ts[t].grad[i], p.causal);
+                      "%s[%zu]: finite difference %.9f, oracle %.9f (causal=%d, window=%d, "
+                      "mask=%d)", ts[t].name, i, fd, ts[t].grad[i], p.causal, p.window,
+                      p.block_mask);
         }
     attn_ref_free(&r);
     free(q); free(k); free(v); free(d_o);
 }
+
+static void fd_check(attn_problem p) { fd_check_masked(p, NULL); }
 
 Test(oracle, backward_matches_finite_differences)
 {
@@ -228,6 +233,21 @@ Test(oracle, backward_matches_finite_differences)
     p.causal = 0;   /* and a band, rows 5 past the keys seeing none */
     p.N_q = 8;
     fd_check(p);
+}
+
+/* The same through a block mask, per head: 2 x 3 tiles of 128 (the last ones ragged), where
+ * head 1's first tile row is all 0 (its rows 0 .. 127 see no key: zero gradients), alone and
+ * ANDed with causal and a window that cuts tiles in part. */
+Test(oracle, masked_backward_matches_finite_differences, .timeout = 120)
+{
+    attn_problem p = test_problem(1, 2, 1, 150, 260, 2, 0);
+    p.block_mask = 1; p.bm_b = 1; p.bm_h = 2;
+    const unsigned char mask[2 * 2 * 3] = { 1, 0, 1,  0, 1, 1,     /* head 0 */
+                                            0, 0, 0,  1, 0, 1 };   /* head 1 */
+    cr_assert_eq(attn_mask_tiles_q(&p) * attn_mask_tiles_k(&p), 6);
+    fd_check_masked(p, mask);
+    p.causal = 1; p.window = 100;
+    fd_check_masked(p, mask);
 }
 
 /* A sliding window: as wide as the sequence, it changes nothing (bitwise); of width 1 with
@@ -361,7 +381,7 @@ Test(oracle, assisted_backward_matches_full)
     float *kk = attn_host_to_f32(t.k, attn_numel_kv(&p), p.dtype);
     float *v = attn_host_to_f32(t.v, attn_numel_kv(&p), p.dtype);
     float *d_o = attn_host_to_f32(t.d_o, attn_numel_q(&p), p.dtype);
-    cr_assert_eq(attn_oracle_f32(&p, q, kk, v, d_o, ATTN_BACKWARD, &s, &part), -1,
+    cr_assert_eq(attn_oracle_f32(&p, q, kk, v, d_o, NULL, ATTN_BACKWARD, &s, &part), -1,
                  "an assisted sample without the run's outputs must be refused");
     free(q); free(kk); free(v); free(d_o);
     cr_assert_eq(attn_oracle(&t, ATTN_BACKWARD, &s, &part), 0);
