@@ -486,7 +486,7 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
 
     char desc[256];
     attn_problem_str(&p, st->name, c.dir, desc, sizeof desc);
-    attn_run_opts opts = { c.bench, 0 };
+    attn_run_opts opts = { .bench = c.bench };
     attn_run_info info;
     attn_run_status rs = attn_run(st, &t, c.dir, &opts, &info);
     if (rs != ATTN_RUN_OK) {

@@ -385,6 +385,10 @@ typedef enum {
 typedef struct {
     int bench;            /* time the stage (L2 flushed before each timed run) */
     int quiet;            /* no progress lines on stderr */
+    int ws_poison;        /* the byte the workspace is poisoned with; 0: 0xFF, as the outputs */
+    int twice;            /* call the stage's direction twice, its outputs poisoned again before
+                           * the second call and its workspace not, as timed runs call it: what
+                           * a call leaves in the workspace must not change the next one */
 } attn_run_opts;
 
 typedef struct {
@@ -405,7 +409,8 @@ int attn_gpu_available(int *count, char *why);
 
 /* Run stage on t (inputs filled). Forward: poison O and L, forward, copy O and L back into
  * t. Backward: as forward, then poison dQ, dK, dV, backward, copy them back (t must have
- * been allocated with backward = 1). With opts->bench, then time the call of dir. */
+ * been allocated with backward = 1). The workspace is poisoned before each call (see opts).
+ * With opts->bench, then time the call of dir. */
 attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
                          const attn_run_opts *opts, attn_run_info *info);
 

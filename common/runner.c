@@ -1,6 +1,7 @@
 /* common/runner.c: runs one stage on the GPU. Allocates every tensor and the workspace
  * (stages never allocate), poisons outputs and workspace with 0xFF bytes (NaN in bf16, fp16
- * and fp32) before every checked run, and times the stage with CUDA events, L2 flushed. */
+ * and fp32; the workspace another byte if asked) before every checked run, and times the stage
+ * with CUDA events, L2 flushed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,13 +250,18 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
     if (opts && opts->bench)
         for (int i = 0; i < 2 * CHUNK_MAX; i++) CHECK(cudaEventCreate(&ev[i]));
 
-    /* forward: poison, run, sync, copy back (a timed run's host holds no outputs) */
-    CHECK(cudaMemsetAsync(d.o, 0xFF, nq * 2, stream));
-    CHECK(cudaMemsetAsync(d.lse, 0xFF, info->lse_bytes, stream));
-    if (ws_f) CHECK(cudaMemsetAsync(d.ws, 0xFF, ws_f, stream));
-    if (timed_only && !bwd) CHECK(cudaEventRecord(ev[0], stream));
-    CHECK(st->forward(p, &a, stream));
-    if (timed_only && !bwd) CHECK(cudaEventRecord(ev[1], stream));
+    /* forward: poison, run, sync, copy back (a timed run's host holds no outputs); with
+     * opts->twice the call of dir is made again on fresh poison in the outputs only */
+    const int ws_poison = opts && opts->ws_poison ? opts->ws_poison : 0xFF;
+    const int calls = opts && opts->twice ? 2 : 1;
+    if (ws_f) CHECK(cudaMemsetAsync(d.ws, ws_poison, ws_f, stream));
+    for (int c = 0; c < (bwd ? 1 : calls); c++) {
+        CHECK(cudaMemsetAsync(d.o, 0xFF, nq * 2, stream));
+        CHECK(cudaMemsetAsync(d.lse, 0xFF, info->lse_bytes, stream));
+        if (timed_only && !bwd) CHECK(cudaEventRecord(ev[0], stream));
+        CHECK(st->forward(p, &a, stream));
+        if (timed_only && !bwd) CHECK(cudaEventRecord(ev[1], stream));
+    }
     CHECK(cudaStreamSynchronize(stream));
     if (timed_only && !bwd) CHECK(cudaEventElapsedTime(&first_ms, ev[0], ev[1]));
     if (t->o) CHECK(cudaMemcpy(t->o, d.o, nq * 2, cudaMemcpyDeviceToHost));
@@ -263,13 +269,15 @@ attn_run_status attn_run(const attn_stage *st, attn_host *t, attn_dir dir,
 
     if (bwd) { /* the stage's own O and L feed its backward */
         a.ws_bytes = ws_b;
-        CHECK(cudaMemsetAsync(d.dq, 0xFF, nq * 2, stream));
-        CHECK(cudaMemsetAsync(d.dk, 0xFF, nkv * 2, stream));
-        CHECK(cudaMemsetAsync(d.dv, 0xFF, nkv * 2, stream));
-        if (ws_b) CHECK(cudaMemsetAsync(d.ws, 0xFF, ws_b, stream));
-        if (timed_only) CHECK(cudaEventRecord(ev[0], stream));
-        CHECK(st->backward(p, &a, stream));
-        if (timed_only) CHECK(cudaEventRecord(ev[1], stream));
+        if (ws_b) CHECK(cudaMemsetAsync(d.ws, ws_poison, ws_b, stream));
+        for (int c = 0; c < calls; c++) {
+            CHECK(cudaMemsetAsync(d.dq, 0xFF, nq * 2, stream));
+            CHECK(cudaMemsetAsync(d.dk, 0xFF, nkv * 2, stream));
+            CHECK(cudaMemsetAsync(d.dv, 0xFF, nkv * 2, stream));
+            if (timed_only) CHECK(cudaEventRecord(ev[0], stream));
+            CHECK(st->backward(p, &a, stream));
+            if (timed_only) CHECK(cudaEventRecord(ev[1], stream));
+        }
         CHECK(cudaStreamSynchronize(stream));
         if (timed_only) CHECK(cudaEventElapsedTime(&first_ms, ev[0], ev[1]));
         if (t->dq) {

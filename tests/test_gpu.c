@@ -193,7 +193,7 @@ Test(gpu, every_stage_runs_a_plain_shape, .timeout = 300)
             cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
             copy_inputs(&t, &in);
             attn_run_info info;
-            attn_run_opts opts = { 0, 1 };
+            attn_run_opts opts = { .quiet = 1 };
             const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
             attn_cmp c[5];
             int nc;
@@ -247,7 +247,7 @@ Test(gpu, very_negative_scores_at_a_ragged_key_tile, .timeout = 300)
                 cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
                 copy_inputs(&t, &in);
                 attn_run_info info;
-                attn_run_opts opts = { 0, 1 };
+                attn_run_opts opts = { .quiet = 1 };
                 const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
                 attn_cmp c[5];
                 int nc;
@@ -314,7 +314,7 @@ ParameterizedTest(gcase *gc, gpu, against_oracle, .timeout = 600)
             cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
             copy_inputs(&t, &in);
             attn_run_info info;
-            attn_run_opts opts = { 0, 1 };
+            attn_run_opts opts = { .quiet = 1 };
             attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
             const char *dn = dir ? "backward" : "forward";
             if (rs == ATTN_RUN_REFUSED || rs == ATTN_RUN_NO_MEMORY) {
@@ -408,7 +408,7 @@ Test(gpu, deterministic_backward_is_bitwise_repeatable, .timeout = 300)
         attn_host_fill(&a, test_seed(1000 + c), ATTN_INPUT_NORMAL);
         copy_inputs(&b, &a);
         attn_run_info info;
-        attn_run_opts opts = { 0, 1 };
+        attn_run_opts opts = { .quiet = 1 };
         attn_run_status rs = attn_run(st, &a, ATTN_BACKWARD, &opts, &info);
         if (rs == ATTN_RUN_REFUSED && refusal_expected(st, &p, ATTN_BACKWARD, info.sm)) {
             fprintf(stderr, "[INFO] %s refused: %s\n", st->name, info.why);
@@ -549,7 +549,7 @@ Test(gpu, timed_inputs_repeat_on_the_device, .timeout = 300)
     t.lse = malloc(attn_numel_lse(&p) * sizeof(float));
     cr_assert(t.o && t.lse);
     attn_run_info info;
-    attn_run_opts opts = { 0, 1 };
+    attn_run_opts opts = { .quiet = 1 };
     cr_assert_eq(attn_run(st, &t, ATTN_FORWARD, &opts, &info), ATTN_RUN_OK, "%s", info.why);
     memcpy(f.o, t.o, n * 2);
     memcpy(f.lse, t.lse, attn_numel_lse(&p) * sizeof(float));
@@ -584,7 +584,7 @@ Test(gpu, dense_stages_refuse_a_window, .timeout = 120)
             cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
             attn_host_fill(&t, 7, ATTN_INPUT_NORMAL);
             attn_run_info info;
-            attn_run_opts opts = { 0, 1 };
+            attn_run_opts opts = { .quiet = 1 };
             const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
             attn_host_free(&t);
             cr_assert_eq(rs, ATTN_RUN_REFUSED, "%s %s ran a window", st->name, dir ? "backward" : "forward");
@@ -608,7 +608,7 @@ Test(gpu, stages_without_fp8_refuse_e4m3, .timeout = 120)
         cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
         attn_host_fill(&t, 7, ATTN_INPUT_NORMAL);
         attn_run_info info;
-        attn_run_opts opts = { 0, 1 };
+        attn_run_opts opts = { .quiet = 1 };
         const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
         attn_host_free(&t);
         cr_assert_eq(rs, ATTN_RUN_REFUSED, "%s ran e4m3 inputs", st->name);
@@ -625,7 +625,7 @@ Test(gpu, stages_without_fp8_refuse_e4m3, .timeout = 120)
         cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
         attn_host_fill(&t, 7, ATTN_INPUT_NORMAL);
         attn_run_info info;
-        attn_run_opts opts = { 0, 1 };
+        attn_run_opts opts = { .quiet = 1 };
         const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
         attn_host_free(&t);
         cr_assert_eq(rs, ATTN_RUN_REFUSED, "%s ran bf16 inputs", st->name);
@@ -674,7 +674,7 @@ Test(gpu, fp8_stages_against_oracle, .timeout = 600)
             cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
             copy_inputs(&t, &in);
             attn_run_info info;
-            attn_run_opts opts = { 0, 1 };
+            attn_run_opts opts = { .quiet = 1 };
             const attn_run_status rs = attn_run(st[si], &t, ATTN_FORWARD, &opts, &info);
             char shape[256];
             attn_problem_str(&p, st[si]->name, ATTN_FORWARD, shape, sizeof shape);
@@ -793,7 +793,7 @@ Test(gpu, hopper_stages_against_oracle, .timeout = 900)
             cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
             copy_inputs(&t, &in);
             attn_run_info info;
-            attn_run_opts opts = { 0, 1 };
+            attn_run_opts opts = { .quiet = 1 };
             const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &opts, &info);
             char shape[256];
             attn_problem_str(&p, st->name, ATTN_FORWARD, shape, sizeof shape);
@@ -858,9 +858,10 @@ static void masked_inputs(attn_host *t, const attn_problem *p, const char *spec,
     if (spec) cr_assert_eq(attn_mask_generate(&t->p, &t->block_mask, spec, seed, err), 0, "%s", err);
 }
 
-/* Run st on a copy of in (inputs and mask), direction dir, into *t; the run's status. */
-static attn_run_status run_copy(const attn_stage *st, const attn_host *in, attn_dir dir, attn_host *t,
-                                attn_run_info *info)
+/* Run st on a copy of in (inputs and mask), direction dir, into *t, with opts (NULL: a quiet
+ * checked run); the run's status. */
+static attn_run_status run_copy_opts(const attn_stage *st, const attn_host *in, attn_dir dir,
+                                     attn_host *t, attn_run_info *info, const attn_run_opts *opts)
 {
     cr_assert_eq(attn_host_alloc(t, &in->p, 1), 0);
     copy_inputs(t, in);
@@ -869,8 +870,14 @@ static attn_run_status run_copy(const attn_stage *st, const attn_host *in, attn_
         cr_assert(t->block_mask != NULL);
         memcpy(t->block_mask, in->block_mask, attn_mask_bytes(&in->p));
     }
-    attn_run_opts opts = { 0, 1 };
-    return attn_run(st, t, dir, &opts, info);
+    const attn_run_opts quiet = { .quiet = 1 };
+    return attn_run(st, t, dir, opts ? opts : &quiet, info);
+}
+
+static attn_run_status run_copy(const attn_stage *st, const attn_host *in, attn_dir dir, attn_host *t,
+                                attn_run_info *info)
+{
+    return run_copy_opts(st, in, dir, t, info, NULL);
 }
 
 typedef struct {
@@ -908,6 +915,67 @@ static int masked_run(const attn_stage *st, const attn_host *in, attn_dir dir, c
     }
     attn_host_free(&t);
     return ran;
+}
+
+/* What a stage leaves in its workspace: every stage, both directions, (a) on a workspace poisoned
+ * with 0x7F bytes instead of 0xFF (a tile counter or a semaphore that is not reset then reads
+ * 2139062143, far past any tile or turn, where 0xFF's -1 may pass unseen), (b) called twice, the
+ * second time on the workspace the first left, as timed runs call it. The shapes: more query
+ * tiles than an H200 has SMs, so that persistent grids take tiles from their counter; the
+ * deterministic backward's semaphores, with and without a mask. */
+Test(gpu, workspace_left_behind_changes_nothing, .timeout = 600)
+{
+    need_gpu();
+    attn_oracle_threads = 2;
+    static const mcase cases[] = {
+        { 1, 24, 8, 700, 700, 128, 1, 0, 0, 0, NULL },
+        { 1, 4, 2, 700, 700, 64, 0, 0, 1, 1, NULL },
+        { 1, 24, 8, 1100, 1100, 128, 0, 0, 0, 1, "random:0.3" },
+    };
+    static const attn_run_opts variants[] = { { .quiet = 1, .ws_poison = 0x7F }, { .quiet = 1, .twice = 1 } };
+    static const char *variant_name[] = { "workspace poisoned 0x7F", "called twice" };
+    int failures = 0, ran = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const mcase *mc = &cases[k];
+        attn_problem p = test_problem(mc->B, mc->H, mc->H_kv, mc->N_q, mc->N_k, mc->d, mc->causal);
+        p.window = mc->window;
+        p.dtype = mc->fp16 ? ATTN_FP16 : ATTN_BF16;
+        p.deterministic = mc->deterministic;
+        attn_host in;
+        masked_inputs(&in, &p, mc->mask, test_seed(4300 + k));
+        attn_ref r;
+        cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
+        for (int si = 0; si < attn_nstages; si++) {
+            const attn_stage *st = attn_stages[si];
+            if (mc->mask && !st->masks) continue;
+            for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++)
+                for (int v = 0; v < 2; v++) {
+                    attn_host t;
+                    attn_run_info info;
+                    const attn_run_status rs = run_copy_opts(st, &in, (attn_dir)dir, &t, &info, &variants[v]);
+                    char shape[256];
+                    attn_problem_str(&in.p, st->name, (attn_dir)dir, shape, sizeof shape);
+                    attn_cmp c[5];
+                    int nc;
+                    if (rs == ATTN_RUN_REFUSED && refusal_expected(st, &in.p, (attn_dir)dir, info.sm)) {
+                        fprintf(stderr, "[INFO] %s: refused: %s\n", shape, info.why);
+                    } else if (rs != ATTN_RUN_OK) {
+                        fprintf(stderr, "%s, %s: %s\n", shape, variant_name[v], info.why);
+                        failures++;
+                    } else if (ran++, compare_all(c, &nc, &t, (attn_dir)dir, &r, st->name)) {
+                        char what[512];
+                        snprintf(what, sizeof what, "%s, %s: FAIL against the oracle", shape, variant_name[v]);
+                        print_cmp(what, c, nc);
+                        failures++;
+                    }
+                    attn_host_free(&t);
+                }
+        }
+        attn_ref_free(&r);
+        attn_host_free(&in);
+    }
+    cr_assert(ran > 0, "no stage ran");
+    cr_assert_eq(failures, 0, "%d runs on a workspace left behind failed", failures);
 }
 
 /* --deterministic against the oracle: the semaphores' order (stage 10's walk rotated per key
