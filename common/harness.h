@@ -324,7 +324,7 @@ typedef struct {
     double worst;               /* max |x - r| / tol: how close to the tolerance (< 1 passes) */
     double nw_bound;            /* the norm-wise bound on normwise (0: none, for L) */
     int nw_fail;                /* normwise > nw_bound */
-    double c_acc;               /* e4m3's O and L: c_acc (times c_scale); else 0 */
+    double c_acc;               /* e4m3's O and L: c_acc; else 0 */
     int nfirst;
     struct { int b, n, h, c; double got, want, tol; } first[ATTN_NFIRST];
 } attn_cmp;
@@ -332,20 +332,15 @@ typedef struct {
 /* Compare x (16-bit bits, or float for L: pass it as x32) with the float64 reference over
  * the rows of the sample (NULL masks: all); mag: the term magnitudes (NULL: s = RMS r; unused
  * for L); acc: for O and L of an e4m3 problem, the accumulator term's t (attn_ref.o_acc,
- * lse_m; NULL, or another dtype: no such term). c_scale multiplies c (1 against the oracle; 2
- * when comparing two stages, which both carry rounding error; c_nw and c_acc too). Returns 0
- * if every checked element passes and the norm-wise error is within its bound. */
+ * lse_m; NULL, or another dtype: no such term). Returns 0 if every checked element passes
+ * and the norm-wise error is within its bound. */
 int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
                  const uint16_t *x16, const float *x32, const double *ref, const double *mag,
-                 const double *acc, const attn_sample *s, double c_scale);
+                 const double *acc, const attn_sample *s);
 /* Compare every output of dir of stage run a against the oracle (O, L; with backward
  * also dQ, dK, dV). cmp gets up to 5 entries, *ncmp their count. Returns #failing tensors. */
 int attn_compare_all(attn_cmp *cmp, int *ncmp, const attn_host *a, attn_dir dir,
                      const attn_ref *r, const attn_sample *s);
-/* Same rule, stage a against stage b (b's outputs as the reference, c doubled since both
- * carry rounding error); oracle (may be NULL) supplies the term magnitudes. */
-int attn_compare_stages(attn_cmp *cmp, int *ncmp, const attn_host *a, const attn_host *b,
-                        attn_dir dir, const attn_ref *oracle);
 /* The root mean square of x - ref over O's elements of the rows of s (NULL masks: all); x is O
  * (16-bit bits of p's dtype). With attn_oracle_unquantized's reference, what a user of e4m3 loses
  * (FlashAttention-3's Table 3 reports this RMSE). */

@@ -283,14 +283,14 @@ Test(oracle, sliding_window)
     }
     test_round_ref(&t, &b, 0);
     attn_cmp c;
-    cr_assert_eq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, NULL, 1.0), 0,
+    cr_assert_eq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, NULL), 0,
                  "-inf against -inf passes");
     t.lse[(size_t)1 * p.N_q + 36] = 0.0f;
-    cr_assert_neq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, NULL, 1.0), 0,
+    cr_assert_neq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, NULL), 0,
                   "a finite L where no key is visible fails");
     t.lse[(size_t)1 * p.N_q + 36] = -INFINITY;
     t.lse[(size_t)1 * p.N_q + 3] = -INFINITY;
-    cr_assert_neq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, NULL, 1.0), 0,
+    cr_assert_neq(attn_compare(&c, ATTN_T_LSE, &t.p, NULL, t.lse, b.lse, NULL, NULL, NULL), 0,
                   "-inf where keys are visible fails");
     attn_ref_free(&b);
     attn_host_free(&t);
