@@ -725,3 +725,24 @@ Test(cli, points_program)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) {}
 }
+
+/* Stage 5's forward counts a block's steps (K_j, Q_i pairs) in an int: a shape with more is
+ * refused with one line, before any device query (so on any machine), and one just below is
+ * not refused for it. */
+Test(cli, a_stage_refuses_more_steps_than_its_counter_holds)
+{
+    const attn_stage *st = NULL;
+    for (int i = 0; i < attn_nstages; i++)
+        if (!strcmp(attn_stages[i]->name, "05_tensor_cores")) st = attn_stages[i];
+    if (!st) cr_skip_test("05_tensor_cores is not built");
+    attn_problem p = test_problem(1, 1, 1, 2200000, 2200000, 128, 0);   /* 17188 x 137500 steps */
+    char why[ATTN_WHY_LEN] = "";
+    for (int dir = 0; dir <= 1; dir++) {
+        cr_assert_eq(st->check(&p, (attn_dir)dir, why), 1);
+        cr_assert(strstr(why, "step counter") && !strchr(why, '\n'), "%s", why);
+    }
+    p.N_q = p.N_k = 2000000;   /* 15625 x 125000 */
+    why[0] = 0;
+    st->check(&p, ATTN_FORWARD, why);
+    cr_assert(!strstr(why, "step counter"), "%s", why);
+}

@@ -31,6 +31,7 @@
  *
  * Run: make build/05_tensor_cores && build/05_tensor_cores --seqlen 4096 --dim 128 --check --backward
  */
+#include <limits.h>
 #include <stdio.h>
 #include "attn_device.cuh"
 #include "mma.cuh"
@@ -854,6 +855,14 @@ static int check(const attn_problem *p, attn_dir dir, char *why)
     }
     if (!(p->scale > 0.0f)) {   /* the running max is taken on unscaled scores */
         snprintf(why, ATTN_WHY_LEN, "softmax scale %g: stage 05_tensor_cores needs a positive scale", p->scale);
+        return 1;
+    }
+    /* A forward block counts its steps (K_j, Q_i pairs: at most Tc Tr) in an int */
+    const long long steps = (long long)attn_ceil_div(p->N_k, kv_keys(p->d)) * attn_ceil_div(p->N_q, Br);
+    if (steps > INT_MAX) {
+        snprintf(why, ATTN_WHY_LEN, "N_q = %d, N_k = %d at head dim %d: a block of stage "
+                 "05_tensor_cores would take %lld steps, more than its int step counter holds",
+                 p->N_q, p->N_k, p->d, steps);
         return 1;
     }
     int smem_max = 0;
