@@ -891,7 +891,7 @@ static int masked_run(const attn_stage *st, const attn_host *in, attn_dir dir, c
  * 2139062143, far past any tile or turn, where 0xFF's -1 may pass unseen), (b) called twice, the
  * second time on the workspace the first left, as timed runs call it. The shapes: more query
  * tiles than an H200 has SMs, so that persistent grids take tiles from their counter; the
- * deterministic backward's semaphores, with and without a mask. */
+ * deterministic backward's semaphores, with and without a mask; the e4m3 forwards. */
 Test(gpu, workspace_left_behind_changes_nothing, .timeout = 600)
 {
     need_gpu();
@@ -943,6 +943,41 @@ Test(gpu, workspace_left_behind_changes_nothing, .timeout = 600)
         attn_ref_free(&r);
         attn_host_free(&in);
     }
+    /* the e4m3 forwards (the persistent counter, and Vt transposed into the workspace) */
+    attn_problem p = test_problem(1, 24, 8, 700, 700, 128, 1);
+    p.dtype = ATTN_E4M3;
+    attn_host in;
+    attn_ref r;
+    char err[ATTN_MSG_LEN];
+    cr_assert_eq(attn_host_alloc(&in, &p, 0), 0);
+    attn_host_fill(&in, test_seed(4310), ATTN_INPUT_NORMAL);
+    cr_assert_eq(attn_host_quantize(&in, 0, 0, err), 0, "%s", err);
+    cr_assert_eq(attn_oracle(&in, ATTN_FORWARD, NULL, &r), 0);
+    for (int si = 0; si < attn_nstages; si++)
+        for (int v = 0; v < 2 && attn_stages[si]->fp8; v++) {
+            const attn_stage *st = attn_stages[si];
+            attn_host t;
+            attn_run_info info;
+            cr_assert_eq(attn_host_alloc(&t, &p, 0), 0);
+            copy_inputs(&t, &in);
+            const attn_run_status rs = attn_run(st, &t, ATTN_FORWARD, &variants[v], &info);
+            attn_cmp c[5];
+            int nc;
+            if (rs == ATTN_RUN_REFUSED && refusal_expected(st, &p, ATTN_FORWARD, info.sm)) {
+                fprintf(stderr, "[INFO] %s e4m3: refused: %s\n", st->name, info.why);
+            } else if (rs != ATTN_RUN_OK) {
+                fprintf(stderr, "%s e4m3, %s: %s\n", st->name, variant_name[v], info.why);
+                failures++;
+            } else if (ran++, compare_all(c, &nc, &t, ATTN_FORWARD, &r, st->name)) {
+                char what[512];
+                snprintf(what, sizeof what, "%s e4m3, %s: FAIL against the oracle", st->name, variant_name[v]);
+                print_cmp(what, c, nc);
+                failures++;
+            }
+            attn_host_free(&t);
+        }
+    attn_ref_free(&r);
+    attn_host_free(&in);
     cr_assert(ran > 0, "no stage ran");
     cr_assert_eq(failures, 0, "%d runs on a workspace left behind failed", failures);
 }
