@@ -166,6 +166,43 @@ static int compare_all(attn_cmp *c, int *nc, const attn_host *t, attn_dir dir,
     return fails;
 }
 
+/* Every stage this GPU (compute capability sm) can run, and the cuBLAS baseline, forward and
+ * (where it has one) backward on a copy of in's inputs, against the oracle's r; a refusal counts
+ * as a failure. The number of failed runs; what names the inputs in the messages. */
+static int every_stage_against(const attn_host *in, const attn_ref *r, int sm, const char *what)
+{
+    int failures = 0;
+    const int nall = attn_nstages + (attn_baseline ? 1 : 0);
+    for (int si = 0; si < nall; si++) {
+        const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
+        /* sm_90a code runs on compute capability 9.0 only (the stages' check says so) */
+        if (sm < st->min_sm || (st->min_sm >= 90 && sm != 90) || st->fp8 == ATTN_FP8_ONLY) continue;
+        for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++) {
+            attn_host t;
+            cr_assert_eq(attn_host_alloc(&t, &in->p, 1), 0);
+            copy_inputs(&t, in);
+            attn_run_info info;
+            attn_run_opts opts = { .quiet = 1 };
+            const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
+            attn_cmp c[5];
+            int nc;
+            if (rs != ATTN_RUN_OK) {
+                fprintf(stderr, "%s %s, %s: did not run: %s\n", st->name, dir ? "backward" : "forward",
+                        what, info.why);
+                failures++;
+            } else if (compare_all(c, &nc, &t, (attn_dir)dir, r, st->name)) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s %s, %s: FAIL against the oracle", st->name,
+                         dir ? "backward" : "forward", what);
+                print_cmp(msg, c, nc);
+                failures++;
+            }
+            attn_host_free(&t);
+        }
+    }
+    return failures;
+}
+
 /* A stage that refused every shape would pass every test that skips refusals: each stage the
  * GPU can run (its min_sm) must run a plain shape, forward and (if it has one) backward, and
  * pass it against the oracle. A stage of e4m3 only (ATTN_FP8_ONLY) is held to that by
@@ -182,30 +219,7 @@ Test(gpu, every_stage_runs_a_plain_shape, .timeout = 300)
     attn_host_fill(&in, test_seed(4000), ATTN_INPUT_NORMAL);
     attn_ref r;
     cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
-    int nall = attn_nstages + (attn_baseline ? 1 : 0), failures = 0;
-    for (int si = 0; si < nall; si++) {
-        const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
-        /* sm_90a code runs on compute capability 9.0 only (the stages' check says so) */
-        if (sm < st->min_sm || (st->min_sm >= 90 && sm != 90) || st->fp8 == ATTN_FP8_ONLY) continue;
-        for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++) {
-            attn_host t;
-            cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
-            copy_inputs(&t, &in);
-            attn_run_info info;
-            attn_run_opts opts = { .quiet = 1 };
-            const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
-            attn_cmp c[5];
-            int nc;
-            if (rs != ATTN_RUN_OK) {
-                fprintf(stderr, "%s %s: did not run: %s\n", st->name, dir ? "backward" : "forward", info.why);
-                failures++;
-            } else if (compare_all(c, &nc, &t, (attn_dir)dir, &r, st->name)) {
-                print_cmp(st->name, c, nc);
-                failures++;
-            }
-            attn_host_free(&t);
-        }
-    }
+    const int failures = every_stage_against(&in, &r, sm, "a plain shape");
     attn_ref_free(&r);
     attn_host_free(&in);
     cr_assert_eq(failures, 0, "%d stage runs of the plain shape refused or failed", failures);
@@ -237,30 +251,9 @@ Test(gpu, very_negative_scores_at_a_ragged_key_tile, .timeout = 300)
             test_set(in.k, e, -(1.0f + (float)attn_rng_uniform(&g)), p.dtype);
         attn_ref r;
         cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
-        const int nall = attn_nstages + (attn_baseline ? 1 : 0);
-        for (int si = 0; si < nall; si++) {
-            const attn_stage *st = si < attn_nstages ? attn_stages[si] : attn_baseline;
-            if (sm < st->min_sm || (st->min_sm >= 90 && sm != 90) || st->fp8 == ATTN_FP8_ONLY) continue;
-            for (int dir = 0; dir <= (st->backward ? 1 : 0); dir++) {
-                attn_host t;
-                cr_assert_eq(attn_host_alloc(&t, &p, 1), 0);
-                copy_inputs(&t, &in);
-                attn_run_info info;
-                attn_run_opts opts = { .quiet = 1 };
-                const attn_run_status rs = attn_run(st, &t, (attn_dir)dir, &opts, &info);
-                attn_cmp c[5];
-                int nc;
-                if (rs != ATTN_RUN_OK) {
-                    fprintf(stderr, "%s %s d = %d: did not run: %s\n", st->name,
-                            dir ? "backward" : "forward", d, info.why);
-                    failures++;
-                } else if (compare_all(c, &nc, &t, (attn_dir)dir, &r, st->name)) {
-                    print_cmp(st->name, c, nc);
-                    failures++;
-                }
-                attn_host_free(&t);
-            }
-        }
+        char what[64];
+        snprintf(what, sizeof what, "very negative scores at d = %d", d);
+        failures += every_stage_against(&in, &r, sm, what);
         attn_ref_free(&r);
         attn_host_free(&in);
     }
