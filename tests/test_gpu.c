@@ -847,6 +847,16 @@ typedef struct {
     const char *mask;   /* attn_mask_generate's pattern, or NULL */
 } mcase;
 
+/* Host tensors of case mc with fresh inputs from seed, and its mask (masked_inputs). */
+static void mcase_inputs(attn_host *in, const mcase *mc, uint64_t seed)
+{
+    attn_problem p = test_problem(mc->B, mc->H, mc->H_kv, mc->N_q, mc->N_k, mc->d, mc->causal);
+    p.window = mc->window;
+    p.dtype = mc->fp16 ? ATTN_FP16 : ATTN_BF16;
+    p.deterministic = mc->deterministic;
+    masked_inputs(in, &p, mc->mask, seed);
+}
+
 /* Stage st on a copy of in, direction dir, against the oracle's r; mask names the block mask in
  * the messages. A failure to run or a mismatch counts one in *failures; a refusal too, unless
  * may_refuse (then one [INFO] line). 1 if the run was compared, else 0. */
@@ -899,12 +909,8 @@ Test(gpu, workspace_left_behind_changes_nothing, .timeout = 600)
     int failures = 0, ran = 0;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const mcase *mc = &cases[k];
-        attn_problem p = test_problem(mc->B, mc->H, mc->H_kv, mc->N_q, mc->N_k, mc->d, mc->causal);
-        p.window = mc->window;
-        p.dtype = mc->fp16 ? ATTN_FP16 : ATTN_BF16;
-        p.deterministic = mc->deterministic;
         attn_host in;
-        masked_inputs(&in, &p, mc->mask, test_seed(4300 + k));
+        mcase_inputs(&in, mc, test_seed(4300 + k));
         attn_ref r;
         cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
         for (int si = 0; si < attn_nstages; si++) {
@@ -1060,12 +1066,8 @@ Test(gpu, masks_against_oracle, .timeout = 600)
     int failures = 0;
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const mcase *mc = &cases[k];
-        attn_problem p = test_problem(mc->B, mc->H, mc->H_kv, mc->N_q, mc->N_k, mc->d, mc->causal);
-        p.window = mc->window;
-        p.dtype = mc->fp16 ? ATTN_FP16 : ATTN_BF16;
-        p.deterministic = mc->deterministic;
         attn_host in;
-        masked_inputs(&in, &p, mc->mask, test_seed(4000 + k));
+        mcase_inputs(&in, mc, test_seed(4000 + k));
         attn_ref r;
         cr_assert_eq(attn_oracle(&in, ATTN_BACKWARD, NULL, &r), 0);
         for (int si = 0; si < ns; si++)
