@@ -4,11 +4,11 @@
 # that need no mask; the 700-token and 600-token ones more query tiles than an H200 has SMs, so that
 # a persistent grid's blocks walk several (at d = 128 and 64); the head dim 256 one only the Hopper
 # stages run; two deterministic backwards (the semaphores' turns: GQA without a mask, causal at an
-# odd N); the next seven, three windows (in one, N_q > N_k + W: the last rows see no key) and
-# four block masks, only the stages with masks (at head dims 64 and 128, with and without GQA; at
-# 256 forward only, which 13_hopper_masks alone runs; one with a window AND a mask,
-# deterministic: the semaphores' turns counted over the mask); the last four,
-# e4m3, only the stages with an fp8 forward (two of them with more query tiles than SMs). Any
+# odd N); the next eight, three windows (in one, N_q > N_k + W: the last rows see no key) and
+# five block masks (one with such rows), only the stages with masks (at head dims 64 and 128,
+# with and without GQA; at 256 forward only, which 13_hopper_masks alone runs; one with a window
+# AND a mask, deterministic: the semaphores' turns counted over the mask); the last four, e4m3,
+# only the stages with an fp8 forward (two of them with more query tiles than SMs). Any
 # finding fails; a shape a stage refuses (exit 2, e.g. a stage without a backward pass) is reported
 # as skipped.
 # Usage: tests/sanitize.sh SANITIZER BUILD_DIR STAGE...   (the Makefile's `sanitize` target)
@@ -32,6 +32,7 @@ shapes=("--batch 1 --heads 2 --kv-heads 1 --seqlen 67 --dim 64 --causal"
         "--batch 1 --heads 4 --kv-heads 2 --seqlen 300 --dim 128 --mask random:0.5"
         "--batch 1 --heads 60 --kv-heads 15 --seqlen 600 --dim 64 --mask random:0.3"
         "--batch 1 --heads 2 --kv-heads 1 --seqlen 300 --dim 256 --mask random:0.5"
+        "--batch 1 --heads 2 --seqlen-q 4500 --seqlen-k 300 --dim 128 --causal --window 50 --mask random:0.5"
         "--batch 1 --heads 2 --seqlen 1000 --dim 128 --causal --window 300 --mask random:0.6 --deterministic"
         "--batch 1 --heads 4 --kv-heads 2 --seqlen 300 --dim 128 --causal --dtype e4m3"
         "--batch 1 --heads 24 --kv-heads 8 --seqlen 700 --dim 128 --causal --dtype e4m3"
