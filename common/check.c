@@ -112,6 +112,8 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
     double s_rms = out->rms_ref > rms_m ? out->rms_ref : rms_m;
     out->s = s_rms;
     double sum_e2 = 0.0, sum_a2 = 0.0;   /* sum_a2: the accumulator terms' squares */
+    double sum_er = 0.0;                 /* e4m3's O: sum (x - r) r (the lean) */
+    const int lean = kind == ATTN_T_O && p->dtype == ATTN_E4M3;
     for (size_t row = 0; row < nrows; row++) {
         if (l.mask && !l.mask[row]) continue;
         const size_t e0 = row_start(&l, row, &b, &nn, &h);
@@ -129,6 +131,7 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
                 tol += a;
                 sum_a2 += a * a;
             }
+            if (lean && isfinite(r)) sum_er += (x - r) * r;   /* NaN x: the lean fails too */
             int ok = both_empty || (isfinite(x) && isfinite(r) && err <= tol);
             if (tol > 0 && err / tol > out->worst) out->worst = err / tol;
             if (!(tol > 0) && err > 0) out->worst = INFINITY;
@@ -158,7 +161,12 @@ int attn_compare(attn_cmp *out, attn_tensor kind, const attn_problem *p,
         out->nw_bound = c_nw * out->u * rho + sqrt(sum_a2 / sum_r2);
         out->nw_fail = !(out->normwise <= out->nw_bound);
     }
-    return out->mismatches || out->nw_fail ? 1 : 0;
+    if (lean && sum_r2 > 0) {
+        out->lean = sum_er / sum_r2;
+        out->lean_bound = ATTN_TOL_C_LEAN_E4M3 * out->u;
+        out->lean_fail = !(fabs(out->lean) <= out->lean_bound);
+    }
+    return out->mismatches || out->nw_fail || out->lean_fail ? 1 : 0;
 }
 
 double attn_rmse(const attn_problem *p, const uint16_t *x, const double *ref, const attn_sample *s)
@@ -199,9 +207,12 @@ void attn_cmp_print(FILE *f, const attn_cmp *c)
 {
     const int lse = c->kind == ATTN_T_LSE;
     fprintf(f, "  %-2s %s  max abs %.2e  max rel %.2e  norm-wise %.2e", attn_tensor_name(c->kind),
-            c->mismatches || c->nw_fail ? "FAIL" : "PASS", c->max_abs, c->max_rel, c->normwise);
+            c->mismatches || c->nw_fail || c->lean_fail ? "FAIL" : "PASS", c->max_abs, c->max_rel,
+            c->normwise);
     if (c->nw_bound > 0)
         fprintf(f, " (bound %.2e%s)", c->nw_bound, c->nw_fail ? ": EXCEEDED" : "");
+    if (c->lean_bound > 0)
+        fprintf(f, "  lean %+.2e (bound %.2e%s)", c->lean, c->lean_bound, c->lean_fail ? ": EXCEEDED" : "");
     fprintf(f, "  worst err/tol %.2f  %zu of %zu mismatch%s  (tol %g*u*(|r|+%s)", c->worst,
             c->mismatches, c->checked, c->mismatches == 1 ? "" : "es", c->c, lse ? "1" : "s");
     if (c->c_acc > 0) fprintf(f, " + %g*u_acc*%s", c->c_acc, lse ? "t" : "t'");
@@ -228,7 +239,7 @@ void attn_cmp_short(char *buf, size_t n, const attn_cmp *c, int nc)
     for (int k = 0; k < nc && used < n; k++) {
         int w = snprintf(buf + used, n - used, "%s%s max abs %.1e rel %.1e nw %.1e%s",
                          k ? ", " : "", attn_tensor_name(c[k].kind), c[k].max_abs, c[k].max_rel,
-                         c[k].normwise, c[k].mismatches || c[k].nw_fail ? " FAIL" : "");
+                         c[k].normwise, c[k].mismatches || c[k].nw_fail || c[k].lean_fail ? " FAIL" : "");
         if (w < 0) break;
         used += (size_t)w;
     }

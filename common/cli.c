@@ -540,6 +540,10 @@ static int run_one(const attn_stage *st, const attn_cli *flags)
                         used += (size_t)snprintf(fail_note + used, sizeof fail_note - used,
                                                  " %s norm-wise %.2e > %.2e", attn_tensor_name(cmp[i].kind),
                                                  cmp[i].normwise, cmp[i].nw_bound);
+                    if (cmp[i].lean_fail && used < sizeof fail_note)
+                        used += (size_t)snprintf(fail_note + used, sizeof fail_note - used,
+                                                 " %s lean %+.2e, bound %.2e", attn_tensor_name(cmp[i].kind),
+                                                 cmp[i].lean, cmp[i].lean_bound);
                 }
             }
             attn_ref_free(&r);

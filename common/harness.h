@@ -308,6 +308,12 @@ typedef enum { ATTN_T_O = 0, ATTN_T_LSE, ATTN_T_DQ, ATTN_T_DK, ATTN_T_DV } attn_
 #define ATTN_TOL_C_GRAD 16.0
 #define ATTN_TOL_C_NW   3.0
 #define ATTN_TOL_C_NW_E4M3 1.0
+/* e4m3's O also has a bound on its lean, sum (x - r) r / sum r^2: what a uniform bias of O
+ * shows as, and what rounding errors that do not lean one way average out of: c_lean u = 2.5%.
+ * A correct kernel leans at most 1.1% (near-uniform rows, where every P of a row rounds alike
+ * while l sums them unrounded), elsewhere 0.11% (tests/test_fp8.c's simulation, and
+ * 11_fp8 on the GPU tests' shapes); a uniform bias of 4% fails on every kind of input. */
+#define ATTN_TOL_C_LEAN_E4M3 0.4
 #define ATTN_U_F32      5.9604644775390625e-08   /* 2^-24: L's unit roundoff */
 #define ATTN_TOL_C_ACC  8.0                      /* e4m3's L and O: c_acc */
 #define ATTN_U_ACC      1.220703125e-04          /* 2^-13: the fp8 accumulator's fraction bits */
@@ -324,6 +330,8 @@ typedef struct {
     double worst;               /* max |x - r| / tol: how close to the tolerance (< 1 passes) */
     double nw_bound;            /* the norm-wise bound on normwise (0: none, for L) */
     int nw_fail;                /* normwise > nw_bound */
+    double lean, lean_bound;    /* e4m3's O: sum (x - r) r / sum r^2 and its bound (0: none) */
+    int lean_fail;              /* |lean| > lean_bound */
     double c_acc;               /* e4m3's O and L: c_acc; else 0 */
     int nfirst;
     struct { int b, n, h, c; double got, want, tol; } first[ATTN_NFIRST];

@@ -469,6 +469,7 @@ Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
      * sums the rounded P, the smallest [O element-wise, O norm-wise] of each bug */
     double worst[2][3] = { { 0 } }, least[2][2] = { { INFINITY, INFINITY }, { INFINITY, INFINITY } };
     o_acc_cost cost = { 0.0, 0.0, 0.0, 0 };   /* the largest of each, large logits aside */
+    double lean_share = 0.0, bias_share = INFINITY;   /* the correct kernel's; a 4% bias's */
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int seed = 0; seed < 2; seed++) {
             const fp8case *k = &cases[ci];
@@ -491,6 +492,21 @@ Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
                 if (how == SIM_CORRECT) {
                     if (fails) for (int e = 0; e < nc; e++) attn_cmp_print(stderr, &c[e]);
                     cr_assert_eq(fails, 0, "%s: a correct fp8 kernel must pass", desc);
+                    lean_share = fmax(lean_share, fabs(c[0].lean) / c[0].lean_bound);
+                    /* the same O with a uniform bias of 4%, up or down: its lean fails */
+                    const size_t n = attn_numel_q(&t.p);
+                    uint16_t *biased = malloc(n * sizeof(uint16_t));
+                    cr_assert_not_null(biased);
+                    for (int sign = -1; sign <= 1; sign += 2) {
+                        for (size_t e = 0; e < n; e++)
+                            biased[e] = attn_f32_to_bf16(attn_bf16_to_f32(t.o[e]) * (1.0f + 0.04f * (float)sign));
+                        attn_cmp cb;
+                        attn_compare(&cb, ATTN_T_O, &t.p, biased, NULL, r.o, r.o_m, r.o_acc, NULL);
+                        cr_assert(cb.lean_fail, "%s: O %+d%% passes (lean %+.4f, bound %.4f)", desc, 4 * sign,
+                                  cb.lean, cb.lean_bound);
+                        bias_share = fmin(bias_share, fabs(cb.lean) / cb.lean_bound);
+                    }
+                    free(biased);
                     const o_acc_cost a = o_acc_cost_of(&c[0], &t, &r);
                     cr_log_info("%s kind %d V mean %g seed %d: O's accumulator term: element-wise bounds "
                                 "x%.4f on average, x%.3f at most, norm-wise x%.3f", desc, (int)k->kind,
@@ -521,7 +537,10 @@ Test(fp8, tolerance_rule_against_a_simulated_kernel, .timeout = 300)
     fprintf(stderr, "fp8 rule: O's accumulator term (large logits aside) multiplies the element-wise "
             "bounds by %.3f on average (one by %.2f), the norm-wise one by %.2f, at most\n", cost.mean,
             cost.max, cost.nw);
+    fprintf(stderr, "fp8 rule: a correct kernel leans at most %.3f of the lean bound; O with a 4%% bias at "
+            "least %.2f\n", lean_share, bias_share);
     for (int e = 0; e < 3; e++) cr_assert(worst[0][e] <= 0.7, "share %d: %.3f", e, worst[0][e]);
+    cr_assert(lean_share <= 0.7, "lean: %.3f", lean_share);
     cr_assert(cost.mean <= 1.1 && cost.nw <= 1.6, "O's accumulator term: x%.3f, norm-wise x%.2f", cost.mean,
               cost.nw);
 }
