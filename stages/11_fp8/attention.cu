@@ -66,7 +66,7 @@
 #define BAR_TURN 1    /* named barrier BAR_TURN + c: consumer c's turn to issue its products */
 #define BAR_EPI  4    /* BAR_EPI + c: consumer c's O is in shared memory */
 #define BAR_ALL  7    /* every consumer: the tile's last P V products are done, Vt's ring is free */
-#define BAR_PRODUCER 8   /* the producer warpgroup: every thread has read a tile's post */
+#define BAR_PRODUCER 8   /* the producer's threads (POSTED): each has read a tile's post */
 #define TRANSPOSERS 3    /* warps 1-3 of the producer warpgroup transpose V_j; warp 0 loads */
 #define MMA_N   8     /* columns of an accumulator tile (the layout is mma.sync's m16n8) */
 #define CHUNK   8     /* 16-bit elements in 16 bytes (O's tile) */
@@ -94,6 +94,9 @@
 #ifndef PRETRANSPOSE   /* knob: OFF=pretranspose, V_j transposed in shared memory */
 #define PRETRANSPOSE 1
 #endif
+/* The producer threads that follow the posted tiles: warp 0, and warps 1-3 where they transpose
+ * (with PRETRANSPOSE they have no work and exit at once). */
+#define POSTED (PRETRANSPOSE ? WARP : WARPGROUP)
 /* 09's lazy rescaling, off here (-DLAZY=1 brings it back): its reference max lags a row's max
  * by up to 2^8, so the key that holds the max gets a P_ij rounded to e4m3 (rescaled at every
  * step, exp2(0 + 8) = 256 exactly); on peaked rows (a model of one row, N = 1024) that made
@@ -681,7 +684,7 @@ static __device__ __forceinline__ void load_tiles(const attn_problem p, const at
         }
         /* Every producer thread has read the post of tile t (at the end of the last tile):
          * thread 0 may post tile t + 2 in its slot (the consumers' part: Q's empty barrier). */
-        bar_sync_apart(BAR_PRODUCER, WARPGROUP);
+        bar_sync_apart(BAR_PRODUCER, POSTED);
         if (lead) {
             const int h_kv = h / (p.H / p.H_kv);
             for (int j = 0; j < Tc; j++) {
@@ -710,8 +713,8 @@ static __device__ __forceinline__ void load_tiles(const attn_problem p, const at
     }
 }
 
-/* Warps 1-3 of the producer warpgroup, for the same tiles (read from the posts): V_{j-1} of each
- * step j = 1 .. Tc into Vt's ring (transpose_tile). */
+/* Warps 1-3 of the producer warpgroup (OFF=pretranspose), for the same tiles (read from the
+ * posts): V_{j-1} of each step j = 1 .. Tc into Vt's ring (transpose_tile). */
 static __device__ __forceinline__ void transpose_tiles(const attn_problem p, int G, const fa3_smem sm,
                                                        int n_tiles, const int counted, const int d)
 {
@@ -721,12 +724,10 @@ static __device__ __forceinline__ void transpose_tiles(const attn_problem p, int
         int b, h, i0;
         tile_of(p, G, u, d, &b, &h, &i0);
         const int end = n + (visible_keys(p, min(i0 + Br(d), p.N_q) - 1) + Bc(d) - 1) / Bc(d);
-        bar_sync_apart(BAR_PRODUCER, WARPGROUP);   /* this warp has read tile t's post */
-        if (!PRETRANSPOSE) {   /* else Vt_j arrives by TMA: the warp only reads the posts */
-            /* d = 256: Vt's ring holds the last tile's O until its store has read it. */
-            if (d == 256 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
-            for (; n < end; n++) transpose_tile(sm, n, d);
-        }
+        bar_sync_apart(BAR_PRODUCER, POSTED);   /* this warp has read tile t's post */
+        /* d = 256: Vt's ring holds the last tile's O until its store has read it. */
+        if (d == 256 && t > 0) mbar_wait(sm.o_free, (t - 1) & 1);
+        for (; n < end; n++) transpose_tile(sm, n, d);
         u = counted ? posted_tile(sm, t + 1, d) : n_tiles;
     }
 }
@@ -779,9 +780,10 @@ static __device__ __forceinline__ void tiled_attention(attn_problem p, const att
     if (wg == 0) {
         SETMAXNREG_DEC(PRODUCER_REGS);
         /* Warp 0 loads (its thread 0 issues every TMA load, as in 09), warps 1-3 transpose
-         * V_{j-1} meanwhile: two loops, so that neither role holds the other's registers. */
+         * V_{j-1} meanwhile: two loops, so that neither role holds the other's registers. With
+         * PRETRANSPOSE Vt_j arrives by TMA, and warps 1-3 exit here. */
         if (threadIdx.x < WARP) load_tiles(p, a, G, sm, tmQ, tmK, tmV, n_tiles, counted, d);
-        else                    transpose_tiles(p, G, sm, n_tiles, counted, d);
+        else if (!PRETRANSPOSE) transpose_tiles(p, G, sm, n_tiles, counted, d);
     } else {
         SETMAXNREG_INC(CONSUMER_REGS_2);
         consume(p, a, G, sm, tmO, wg - 1, n_tiles, counted, d);
