@@ -8,7 +8,8 @@
  * - Forward: the producer walks the list and puts each entry beside K_j in shared memory; a
  *   consumer runs the masked step copy only where its rows are cut (step_mask: the band's edges,
  *   N_k, a block-mask tile split by a query or key tile), told by the range or the list's count
- *   of leading full entries, else by the entry; at d = 64 it skips a step its rows do not see.
+ *   of leading full entries, else by the entry; the full run keeps 10's loop of plain steps; at
+ *   d = 64 a consumer skips a step its rows do not see.
  *   The walking grid takes an L2 section's tiles longest list first (sort_tiles). An empty list
  *   runs one step that sees no key (masked; skipped at d = 64): O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
@@ -397,7 +398,7 @@ typedef struct {
     const CUtensorMap *tmK, *tmV;
     band w;              /* causal and the window (diagonal_band) */
     tile_lists tl;       /* the lists, and this tile's (tile_list) */
-    int base, n_full;
+    int base, n_full, f_lo;   /* the tile's steps f_lo .. n_full-1 need no mask (its full run) */
     int cw, b, h_kv, Tc, row0, row, loader, pingpong;
     uint64_t dQ, dK, dV;   /* wgmma descriptors of Q (this consumer's rows), K and V stage 0 */
     int t, n0;   /* the block's t-th query tile; the rings' count at its K_0, V_0 */
@@ -606,11 +607,23 @@ static __device__ __forceinline__ void release(uint32_t full, uint32_t empty, in
     if (threadIdx.x % WARP == 0) mbar_arrive(empty + 8 * (n % STAGES));
 }
 
+/* A range's full run: the tiles whose every key every row of the warpgroup sees, from the band's
+ * left edge at its last row to the right edge (or N_k) at its first. */
+static __device__ __forceinline__ void full_run(consumer *c, const int d)
+{
+    const attn_problem p = *c->p;
+    const int r1 = min(c->row0 + WG_ROWS, p.N_q) - 1, bc = Bc(d);
+    const long long k0 = max(0LL, (long long)c->w.lo + r1);
+    const long long k1 = min((long long)p.N_k, (long long)c->w.hi + c->row0 + 1);
+    c->f_lo = max(0, min((int)((k0 + bc - 1) / bc) - c->base, c->Tc));
+    c->n_full = max(c->f_lo, min((int)(k1 / bc) - c->base, c->Tc));
+}
+
 /* 1 iff step j needs the mask: some key of its tile hidden by the block mask (entry_keys), past
  * N_k or outside the band for some row of the warpgroup; 2 (SKIPS) iff its rows see none. Where
  * the list tells without its entry, the step does not wait for it (a wait, a read and a shuffle
- * at every step cost the dense run ~5% at d = 128): a range's tile is base + j; a stored list's
- * first n_full entries need no mask. Else the entry, read once K_j has landed (the producer put
+ * at every step cost the dense run ~5% at d = 128): a range's tile is base + j; the full run
+ * (f_lo .. n_full-1) needs no mask. Else the entry, read once K_j has landed (the producer put
  * it in the stage's slot before arming K_j's barrier), while K_j's stage is held. The masked
  * step reads the entry again: its keys would take registers across the step's products. */
 static __device__ __forceinline__ int step_mask(const consumer *c, int j, const int d)
@@ -620,7 +633,7 @@ static __device__ __forceinline__ int step_mask(const consumer *c, int j, const 
     const int n = c->n0 + j, bc = Bc(d), r1 = min(c->row0 + WG_ROWS, p.N_q) - 1;
     /* Not at d = 256, whose consumers (no ping-pong) ran the causal mask 3-4% slower with these
      * two tests than with the entry alone. */
-    if (d != 256 && j < c->n_full) return 0;   /* a stored list's leading full entries */
+    if (d != 256 && j >= c->f_lo && j < c->n_full) return 0;   /* the full run */
     if (d != 256 && !c->tl.entry) {   /* a range: tile base + j, every key (or an empty range) */
         const int k0 = (c->base + j) * bc;
         if (SKIPS(d) && (c->base < 0 || !band_sees(c->w, c->row0, r1, k0, min(k0 + bc, p.N_k))))
@@ -738,6 +751,9 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
         c.h_kv = h / (p.H / p.H_kv);
         c.row0 = i0 + cw * WG_ROWS;
         c.row = c.row0 + warp * 16 + lane / QUAD;     /* + 8 {0, 1} */
+        c.f_lo = 0;   /* a stored list's full run: its first n_full entries */
+        if (d == 256) c.n_full = 0;   /* d = 256 tests every step (step_mask) */
+        else if (!tl.entry && c.base >= 0) full_run(&c, d);
         if (c.loader) {
             mbar_arrive_expect_tx(sm.bar_q, Br(d) * d * 2);
             for (int k = 0; k < d / BOX_COLS; k++)
@@ -792,11 +808,18 @@ static __device__ __forceinline__ void consume(const attn_problem p, const attn_
                 consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 0, d, fp16);
             else
                 consumer_step(&c, 0, s, o, pa, m, l, 1, 0, 1, d, fp16);
-            for (int j = 1; j < Tc; j++)
-                if (!step_mask(&c, j, d))
-                    consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, fp16);
-                else
-                    consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, fp16);
+            /* The full run takes a loop of its own, as 10's full tiles do: the hot loop then
+             * holds one copy of the step, and no test. */
+            int j = 1;
+            for (;;) {
+                for (; j < Tc && (j < c.f_lo || j >= c.n_full); j++)   /* steps that may need it */
+                    if (!step_mask(&c, j, d))
+                        consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, fp16);
+                    else
+                        consumer_step(&c, j, s, o, pa, m, l, 1, 1, 1, d, fp16);
+                if (j >= Tc) break;
+                for (; j < c.n_full; j++) consumer_step(&c, j, s, o, pa, m, l, 1, 1, 0, d, fp16);
+            }
         }
         /* Every S product of this tile is complete: the producer may load the next Q_i, and post
          * in the slot this thread read (so every consumer thread arrives, not one a warp). */
