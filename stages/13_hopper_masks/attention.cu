@@ -378,16 +378,24 @@ static __device__ __forceinline__ uint32_t o_place(const fa3_smem sm, int walk, 
 /* Scores a query must not see become -inf: keys outside k_lo .. k_hi-1 (the tile's keys that
  * the block mask leaves this warpgroup, below N_k) and outside the band w. s holds n_tiles
  * accumulator tiles along the keys; this thread's entries are rows row and row + 8, keys
- * key + MMA_N * n + {0, 1}. */
+ * key + MMA_N * n + {0, 1}. Each of the two rows sees one run of keys, first[h] .. last[h] as
+ * offsets from key: two compares an entry, with the entry's offset a literal. */
 static __device__ __forceinline__ void mask_scores(float s[][4], int n_tiles, int row, int key,
                                                    int k_lo, int k_hi, const band w)
 {
+    int first[2], last[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {   /* max(k_lo, r + w.lo), min(k_hi - 1, r + w.hi): no overflow */
+        const int r = row + 8 * h;
+        first[h] = max(k_lo - r, w.lo) + r - key;
+        last[h] = min(k_hi - 1 - r, w.hi) + r - key;
+    }
 #pragma unroll
     for (int n = 0; n < n_tiles; n++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const int k = key + MMA_N * n + c % 2, r = row + 8 * (c / 2);
-            if (k < k_lo || k >= k_hi || k - r < w.lo || k - r > w.hi) s[n][c] = -INFINITY;
+            const int o = MMA_N * n + c % 2;
+            if (o < first[c / 2] || o > last[c / 2]) s[n][c] = -INFINITY;
         }
 }
 
