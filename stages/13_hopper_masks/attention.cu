@@ -5,19 +5,17 @@
  * - Lists: without a block mask a query tile's key tiles are one range (key_tiles) and a key
  *   tile's query tiles another (query_tiles); with one, build_lists and build_bwd_lists write
  *   them once a call, a warp per tile packing the visible tiles by ballot.
- * - Forward: the producer walks the list and puts each entry beside K_j in shared memory; a
- *   consumer runs the masked step copy only where its rows are cut (step_mask: the band's edges,
- *   N_k, a block-mask tile split by a query or key tile), told by the range or the list's count
- *   of leading full entries, else by the entry; the full run keeps 10's loop of plain steps; at
- *   d = 64 a consumer skips a step its rows do not see.
- *   The walking grid takes an L2 section's tiles longest list first (sort_tiles). An empty list
- *   runs one step that sees no key (masked; skipped at d = 64): O = 0, L = -inf.
+ * - Forward: the producer walks the list and puts each entry beside K_j in shared memory. A
+ *   consumer runs 10's plain step over the full run (the range, or the list's leading full
+ *   entries) and the masked copy only where its rows are cut (step_mask: the band's edges, N_k,
+ *   a block-mask tile split by a query or key tile); at d = 64 it skips a step its rows do not
+ *   see. The walking grid takes an L2 section's tiles longest list first (sort_tiles). An empty
+ *   list runs one step that sees no key: O = 0, L = -inf.
  * - Backward: a key tile's block walks its (head, query tile) steps, masked where the band cuts;
- *   a consumer reads a stored step during the one before, ahead of that step's dQ atomics (a
- *   read behind them waits for them); an empty list writes dK = dV = 0. --deterministic: a
- *   query tile's key tiles add in key order (causal: reversed), its turn counted among the key
- *   tiles that list it (bwd_turn) and handed by the consumers to the writer beside their slice;
- *   the walks are not rotated.
+ *   a consumer reads a stored step during the one before, ahead of that step's dQ atomics; an
+ *   empty list writes dK = dV = 0. --deterministic: a query tile's key tiles add in key order
+ *   (causal: reversed), its turn counted among the key tiles that list it (bwd_turn); the
+ *   walks are not rotated.
  * Why: exact attention at a fraction of the work, on the Hopper pipeline rather than mma.sync.
  * Expected: time follows the visible tiles; a window W makes it linear in N. Goals: >= 1.0x
  *   FlexAttention per mask (met); visible pairs at >= 0.9x 10_fa3_backward's rate (met at
